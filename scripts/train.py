@@ -1,0 +1,162 @@
+"""A small real training run: DDP over gloo on CPU, with snapshot save and resume.
+
+Runs unchanged under ``torchrun`` and ``ft-supervisor run``. As in the OSMO
+rescheduling guide (seed 000), the script can start from scratch or resume from
+its last snapshot, so a restarted generation picks up where the last one
+stopped instead of starting over.
+
+Faults can be injected, once, for demos and tests:
+    --crash-at-step N --crash-rank R   rank R raises at step N
+    --crash-generations SPEC           ... in these generations: G, A-B or all
+                                       (default 0: only the first)
+    --crash-mode raise|exit|abort|segv how it dies
+Progress is printed every --print-every steps; --events FILE appends one JSON
+line per milestone (first step of a generation, crash, done) for benchmarks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel
+
+
+def _generations(spec: str) -> range:
+    if spec == "all":
+        return range(1 << 30)
+    first, _, last = spec.partition("-")
+    return range(int(first), int(last or first) + 1)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--step-time", type=float, default=0.05, help="seconds per step (sleep)")
+    p.add_argument("--snapshot", type=Path, default=None, help="snapshot file to save/resume")
+    p.add_argument("--save-every", type=int, default=10)
+    p.add_argument("--print-every", type=int, default=10)
+    p.add_argument("--crash-at-step", type=int, default=None)
+    p.add_argument("--crash-rank", type=int, default=1)
+    p.add_argument("--crash-generations", type=_generations, default=_generations("0"))
+    p.add_argument("--crash-mode", choices=["raise", "exit", "abort", "segv"], default="raise")
+    p.add_argument("--events", type=Path, default=None, help="append milestones as JSON lines")
+    return p.parse_args(argv)
+
+
+class Trainer:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rank = dist.get_rank()
+        self.generation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        torch.manual_seed(0)
+        self.model = DistributedDataParallel(
+            torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        )
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        self.steps_run = 0
+        if args.snapshot is not None and args.snapshot.exists():
+            self._load_snapshot(args.snapshot)
+
+    def _load_snapshot(self, path: Path) -> None:
+        snapshot = torch.load(path, map_location="cpu")
+        self.model.module.load_state_dict(snapshot["MODEL_STATE"])
+        self.optimizer.load_state_dict(snapshot["OPTIMIZER_STATE"])
+        self.steps_run = snapshot["STEPS_RUN"]
+        print(f"resuming from snapshot at step {self.steps_run}", flush=True)
+
+    def _save_snapshot(self) -> None:
+        path = self.args.snapshot
+        snapshot = {
+            "MODEL_STATE": self.model.module.state_dict(),
+            "OPTIMIZER_STATE": self.optimizer.state_dict(),
+            "STEPS_RUN": self.steps_run,
+        }
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(snapshot, tmp)
+        os.replace(tmp, path)  # a crash mid-save never leaves a torn snapshot
+
+    def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(step * 1000 + self.rank)
+        x = torch.randn(64, 16, generator=g)
+        return x, x.sum(dim=1, keepdim=True) * 0.1
+
+    def _milestone(self, what: str, **fields: object) -> None:
+        if self.args.events is None:
+            return
+        line = json.dumps(
+            {"event": what, "t": time.time(), "rank": self.rank, "generation": self.generation, **fields}
+        )
+        with self.args.events.open("a") as f:
+            f.write(line + "\n")
+
+    def _maybe_crash(self, step: int) -> None:
+        a = self.args
+        if a.crash_at_step != step or a.crash_rank != self.rank:
+            return
+        if self.generation not in a.crash_generations:
+            return
+        print(f"injecting a fault at step {step} ({a.crash_mode})", flush=True)
+        self._milestone("crash", step=step)
+        if a.crash_mode == "exit":
+            os._exit(13)
+        if a.crash_mode == "abort":
+            os.abort()
+        if a.crash_mode == "segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        raise RuntimeError(f"injected fault at step {step} on rank {self.rank}")
+
+    def train(self) -> float:
+        loss = torch.tensor(0.0)
+        first = True
+        for step in range(self.steps_run, self.args.steps):
+            self._maybe_crash(step)
+            x, y = self._batch(step)
+            self.optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(self.model(x), y)
+            loss.backward()
+            self.optimizer.step()
+            time.sleep(self.args.step_time)
+            self.steps_run = step + 1
+            if first:
+                self._milestone("first_step", step=step)
+                first = False
+            if (
+                self.rank == 0
+                and self.args.snapshot is not None
+                and self.steps_run % self.args.save_every == 0
+            ):
+                self._save_snapshot()
+            if self.rank == 0 and self.steps_run % self.args.print_every == 0:
+                print(
+                    f"generation {self.generation} step {self.steps_run}/{self.args.steps} "
+                    f"loss {loss.item():.4f}",
+                    flush=True,
+                )
+        return float(loss.item())
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    dist.init_process_group("gloo")
+    try:
+        trainer = Trainer(args)
+        loss = trainer.train()
+        trainer._milestone("done", loss=loss)
+        if trainer.rank == 0:
+            print(f"training finished: {args.steps} steps, final loss {loss:.4f}", flush=True)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,283 @@
+"""Command line: ``ft-supervisor run [torchrun options] SCRIPT [ARGS...]``.
+
+Every torchrun option a single-node user passes is accepted, with both
+spellings (``--nproc-per-node`` and ``--nproc_per_node``) and torchrun's
+``PET_<NAME>`` environment defaults, so replacing ``torchrun`` with
+``ft-supervisor run`` is the whole migration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from supervisor.config import (
+    DEFAULT_SIGNALS,
+    ConfigError,
+    RunConfig,
+    default_preload,
+    parse_nnodes,
+    parse_nproc,
+    parse_ranks_filter,
+    parse_signals,
+    parse_std,
+)
+from supervisor.core.topology import Topology
+from supervisor.process.spawn import Program
+
+EXIT_USAGE = 2
+
+
+def _conflicting_supervisord() -> str | None:
+    """supervisord's distribution installs the same import name, ``supervisor``."""
+    try:
+        dist = importlib.metadata.distribution("supervisor")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return dist.version
+
+
+def _opt(group: Any, *names: str, **kw: Any) -> None:
+    """Add an option the torchrun way: underscore aliases and PET_* defaults."""
+    aliases = ["--" + n[2:].replace("-", "_") for n in names if n.startswith("--") and "-" in n[2:]]
+    action = group.add_argument(*names, *aliases, **kw)
+    pet = os.environ.get(f"PET_{action.dest.upper()}")
+    if pet is not None:
+        if action.nargs == 0:  # a flag: torchrun's check_env accepts 1/true/yes
+            action.default = pet.strip().lower() in ("1", "true", "yes", "on")
+        else:
+            action.default = pet
+
+
+def _run_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "run",
+        help="launch the ranks of this node (torchrun-compatible) and supervise them",
+        description="Launch and supervise the ranks of one node. Accepts torchrun's options.",
+    )
+    g = p.add_argument_group("torchrun options")
+    _opt(g, "--nnodes", default="1:1", help="number of nodes, N or MIN:MAX (this version: 1)")
+    _opt(g, "--nproc-per-node", default="1", help="ranks on this node: an integer, cpu, gpu or auto")
+    _opt(g, "--node-rank", type=int, default=0, help="rank of this node (0 on a single node)")
+    _opt(g, "--standalone", action="store_true", help="single-node run with a local store on a free port")
+    _opt(g, "--rdzv-backend", default="static", help="rendezvous backend (single node: not needed)")
+    _opt(g, "--rdzv-endpoint", default="", help="rendezvous endpoint HOST:PORT")
+    _opt(g, "--rdzv-id", default=None, help="run id (TORCHELASTIC_RUN_ID); default: a fresh uuid")
+    _opt(g, "--run-id", default=None, help="alias of --rdzv-id")
+    _opt(g, "--rdzv-conf", default="", help="rendezvous configuration key=value,...")
+    _opt(g, "--max-restarts", type=int, default=0, help="generation restarts allowed before failing")
+    _opt(g, "--monitor-interval", type=float, default=0.1, help="accepted; exits are noticed at once")
+    _opt(
+        g,
+        "--start-method",
+        default="spawn",
+        choices=["spawn", "fork", "forkserver"],
+        help="accepted; ranks always start through the ft-supervisor bootstrap",
+    )
+    _opt(g, "--role", default="default", help="role name of the ranks (ROLE_NAME)")
+    _opt(g, "-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
+    _opt(g, "--no-python", action="store_true", help="exec SCRIPT directly instead of with python")
+    _opt(g, "--run-path", action="store_true", help="accepted; the script always runs as __main__")
+    _opt(g, "--log-dir", default=None, help="base directory for logs (default ./ft-supervisor-logs)")
+    _opt(g, "-r", "--redirects", default="0", help="streams shown only in the log files: 0-3 or 0:1,1:2")
+    _opt(g, "-t", "--tee", default="0", help="streams written to the log files and the console")
+    _opt(g, "--local-ranks-filter", default="", help="only show these local ranks on the console")
+    _opt(g, "--master-addr", default=None, help="address of rank 0 (MASTER_ADDR)")
+    _opt(
+        g,
+        "--master-port",
+        type=int,
+        default=None,
+        help="port of rank 0's store; default: a fresh free port every generation",
+    )
+    _opt(g, "--local-addr", default=None, help="address of this node")
+    _opt(g, "--signals-to-handle", default=DEFAULT_SIGNALS, help="signals that stop the run")
+    _opt(
+        g,
+        "--shutdown-timeout",
+        type=float,
+        default=float(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")),
+        help="seconds between SIGTERM and SIGKILL when stopping ranks",
+    )
+    _opt(
+        g,
+        "--virtual-local-rank",
+        action="store_true",
+        help="LOCAL_RANK=0 for every rank, each seeing only its own device",
+    )
+    for name in (
+        "--event-log-handler",
+        "--logs-specs",
+        "--numa-binding",
+        "--duplicate-stdout-filters",
+        "--duplicate-stderr-filters",
+    ):
+        _opt(g, name, default=None, help=argparse.SUPPRESS)
+
+    f = p.add_argument_group("ft-supervisor options")
+    _opt(
+        f,
+        "--kill-timeout",
+        type=float,
+        default=10.0,
+        help="seconds to wait after SIGKILL before reporting a rank as stuck in the kernel",
+    )
+    _opt(
+        f,
+        "--no-standby",
+        action="store_true",
+        help="do not pre-start the next generation's ranks (saves memory, slower restarts)",
+    )
+    _opt(
+        f,
+        "--preload",
+        default="auto",
+        help="modules a rank imports before its generation starts: auto (torch when "
+        "installed), none, or a comma-separated list",
+    )
+    _opt(f, "--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("training_script", help="the training program (or module with -m)")
+    p.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    p.set_defaults(handler=_run, command_parser=p)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ft-supervisor",
+        description="Keep distributed PyTorch training alive: launch, watch, restart.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _run_parser(sub)
+    return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("ft-supervisor")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+_UNSUPPORTED = {
+    "event_log_handler": ("--event-log-handler", "null"),
+    "logs_specs": ("--logs-specs", None),
+    "numa_binding": ("--numa-binding", None),
+    "duplicate_stdout_filters": ("--duplicate-stdout-filters", None),
+    "duplicate_stderr_filters": ("--duplicate-stderr-filters", None),
+}
+
+
+def _check_single_node(ns: argparse.Namespace) -> None:
+    _, hi = parse_nnodes(ns.nnodes)
+    if hi > 1:
+        raise ConfigError(f"--nnodes {ns.nnodes}: this version supervises a single node only")
+    if ns.node_rank != 0:
+        raise ConfigError(f"--node-rank {ns.node_rank}: with one node the only node rank is 0")
+    if ns.standalone and ns.rdzv_endpoint:
+        raise ConfigError(
+            f"--standalone starts its own local store; it contradicts --rdzv-endpoint {ns.rdzv_endpoint}"
+        )
+
+
+def _check_unsupported(ns: argparse.Namespace) -> None:
+    for dest, (option, accepted) in _UNSUPPORTED.items():
+        value = getattr(ns, dest)
+        if value is not None and value != accepted:
+            raise ConfigError(f"{option} is not supported by ft-supervisor")
+
+
+def _program(ns: argparse.Namespace, environ: Mapping[str, str]) -> Program:
+    if ns.no_python and ns.module:
+        raise ConfigError("--no-python and -m/--module contradict each other: use one")
+    kind = "exec" if ns.no_python else "module" if ns.module else "script"
+    python = environ.get("PYTHON_EXEC", sys.executable)
+    if ns.preload == "auto":
+        preload = default_preload(python, sys.executable) if kind != "exec" else ()
+    elif ns.preload.strip().lower() in ("", "none"):
+        preload = ()
+    else:
+        preload = tuple(m.strip() for m in ns.preload.split(",") if m.strip())
+    if kind == "script" and not Path(ns.training_script).exists():
+        raise ConfigError(f"training script {ns.training_script!r} does not exist")
+    return Program(kind, ns.training_script, tuple(ns.training_script_args), python, preload)
+
+
+def _run_id(ns: argparse.Namespace) -> str:
+    if ns.rdzv_id is not None and ns.run_id is not None and ns.rdzv_id != ns.run_id:
+        raise ConfigError(f"--rdzv-id {ns.rdzv_id!r} and --run-id {ns.run_id!r} contradict each other")
+    given = ns.rdzv_id if ns.rdzv_id is not None else ns.run_id
+    if ns.standalone:
+        return str(uuid.uuid4())  # torchrun ignores an explicit id here too
+    if given is not None:
+        return str(given)
+    # torchrun: a single-node run without a static master port is standalone
+    return str(uuid.uuid4()) if ns.master_port is None else "none"
+
+
+def _positive(option: str, value: float, *, zero_ok: bool = True) -> float:
+    if value < 0 or (value == 0 and not zero_ok):
+        raise ConfigError(f"{option} {value}: must be {'>= 0' if zero_ok else '> 0'}")
+    return value
+
+
+def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunConfig:
+    _check_single_node(ns)
+    _check_unsupported(ns)
+    nproc = parse_nproc(ns.nproc_per_node, environ)
+    if ns.max_restarts < 0:
+        raise ConfigError(f"--max-restarts {ns.max_restarts}: must be >= 0")
+    if ns.master_port is not None and not 0 < ns.master_port < 65536:
+        raise ConfigError(f"--master-port {ns.master_port}: expected 1-65535")
+    if ns.standalone and ns.master_port is not None:
+        raise ConfigError("--standalone picks its own free port; it contradicts --master-port")
+    return RunConfig(
+        program=_program(ns, environ),
+        topology=Topology(nproc_per_node=nproc, role=ns.role),
+        max_restarts=ns.max_restarts,
+        run_id=_run_id(ns),
+        master_addr=ns.master_addr or ns.local_addr or "localhost",
+        master_port=ns.master_port,
+        log_dir=Path(ns.log_dir or "ft-supervisor-logs").absolute(),
+        redirects=parse_std("--redirects", ns.redirects, nproc),
+        tee=parse_std("--tee", ns.tee, nproc),
+        local_ranks_filter=parse_ranks_filter(ns.local_ranks_filter, nproc),
+        shutdown_timeout=_positive("--shutdown-timeout", ns.shutdown_timeout),
+        kill_timeout=_positive("--kill-timeout", ns.kill_timeout, zero_ok=False),
+        stop_signals=parse_signals(ns.signals_to_handle),
+        standby=not ns.no_standby and ns.max_restarts > 0,
+        virtual_local_rank=ns.virtual_local_rank,
+        log_level=ns.log_level,
+    )
+
+
+def _run(ns: argparse.Namespace) -> int:
+    try:
+        config = build_run_config(ns, os.environ)
+    except ConfigError as exc:
+        ns.command_parser.error(str(exc))  # prints usage and the message; exits 2
+    from supervisor.runtime.daemon import run_daemon  # noqa: PLC0415 - keeps --help fast
+
+    return run_daemon(config)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    clash = _conflicting_supervisord()
+    if clash is not None:
+        print(
+            f"ft-supervisor: the 'supervisor' package (supervisord {clash}) is installed in this "
+            "environment. It uses the same import name, 'supervisor', as ft-supervisor, so the two "
+            "cannot share one environment: install ft-supervisor in its own virtual environment.",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    ns = build_parser().parse_args(argv)
+    code: int = ns.handler(ns)
+    return code

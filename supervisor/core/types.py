@@ -1,0 +1,120 @@
+"""The vocabulary of ft-supervisor as immutable values.
+
+rank: one training process. rank group: the ranks of this node. generation: one
+(re)start round of the rank group. evidence: what is known about a failure.
+decision: what the policy concluded (an action and a reason).
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Action(StrEnum):
+    """What the job needs next. Ordered by severity (see SEVERITY)."""
+
+    CONTINUE = "continue"
+    RESTART = "restart"
+    RESCHEDULE = "reschedule"
+    ABORT = "abort"
+
+
+SEVERITY: dict[Action, int] = {
+    Action.CONTINUE: 0,
+    Action.RESTART: 1,
+    Action.RESCHEDULE: 2,
+    Action.ABORT: 3,
+}
+
+
+class Reason(StrEnum):
+    """Machine-readable reason attached to every decision."""
+
+    RANK_FAILED = "rank_failed"
+    RESTARTS_EXHAUSTED = "restarts_exhausted"
+    RANK_UNKILLABLE = "rank_unkillable"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    action: Action
+    reason: Reason
+    detail: str = ""
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return f"SIG{signum}"
+
+
+@dataclass(frozen=True, slots=True)
+class ExitStatus:
+    """How a process ended: an exit code, or the signal that killed it."""
+
+    code: int | None = None
+    signal: int | None = None
+
+    @classmethod
+    def from_returncode(cls, returncode: int) -> ExitStatus:
+        # subprocess convention: a negative return code is the killing signal
+        if returncode < 0:
+            return cls(signal=-returncode)
+        return cls(code=returncode)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.code == 0
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            return f"signal {self.signal} ({signal_name(self.signal)})"
+        return f"exit code {self.code}"
+
+    def fields(self) -> dict[str, int | str | None]:
+        return {
+            "exit_code": self.code,
+            "signal": None if self.signal is None else signal_name(self.signal),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorRecord:
+    """The torchelastic error file a rank wrote through ``@record``."""
+
+    message: str
+    traceback: str = ""
+    timestamp: int | None = None  # wall-clock seconds, as torchelastic writes it
+    error_code: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RankExit:
+    """A rank process ended. ``at`` is monotonic, ``at_wall`` is wall-clock time."""
+
+    local_rank: int
+    rank: int
+    pid: int
+    status: ExitStatus
+    at: float
+    at_wall: float
+    # True when the supervisor's termination procedure had already signalled it:
+    # such an exit is a consequence of a decision, never a failure.
+    terminated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RankFailure:
+    """Evidence about one failed rank."""
+
+    exit: RankExit
+    error: ErrorRecord | None = None
+    log_tail: tuple[str, ...] = ()  # the last lines of the rank's stderr
+
+    def summary(self) -> str:
+        if self.error is not None:
+            return self.error.message
+        return self.exit.status.describe()

@@ -1,0 +1,1 @@
+"""Spawning, watching and terminating rank processes; gathering their evidence."""

@@ -1,0 +1,179 @@
+"""The first code of every rank process: die with the daemon, warm up, wait, run.
+
+The daemon starts each rank as::
+
+    python -u .../supervisor/process/bootstrap.py BOOT_FD PARENT_PID PRELOAD KIND TARGET [ARG...]
+
+(by path, not ``-m``: it needs nothing but the standard library, so any
+``PYTHON_EXEC`` interpreter can run it, installed package or not)
+
+1. ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: the kernel kills this rank the moment the
+   daemon dies, even by SIGKILL; no daemon code has to run for that.
+2. Import the PRELOAD modules (comma separated, usually ``torch``). ``import
+   torch`` is most of a restart's cost, so a standby rank pays it while the
+   previous generation is still training.
+3. Say ``ready`` on BOOT_FD and wait for the go: one JSON line with the
+   environment values fixed only when the generation starts (MASTER_PORT...).
+4. Run TARGET the way ``python -u script.py`` / ``python -u -m module`` would
+   (KIND ``script`` / ``module``), or exec it (KIND ``exec``, ``--no-python``).
+
+Standard library only, and nothing imported here may reach the daemon's modules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+_PR_SET_PDEATHSIG = 1
+# Frames that belong to the launch machinery, not to the user's program.
+_LAUNCH_FILES = frozenset({os.path.abspath(__file__), "<frozen runpy>"})
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    import ctypes  # noqa: PLC0415 - only the rank pays for it, once
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    # The daemon may have died between fork and prctl: then nobody will send
+    # the death signal, so check by hand once it is armed.
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _preload(modules: str) -> None:
+    import importlib  # noqa: PLC0415
+
+    for name in filter(None, modules.split(",")):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: S112
+            # The script's own import will raise the real error in its own log.
+            continue
+
+
+def _await_go(fd: int) -> dict[str, str] | None:
+    try:
+        os.write(fd, b"ready\n")
+    except OSError:
+        pass  # only informative; the go may still be waiting to be read
+    buf = b""
+    while not buf.endswith(b"\n"):
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return None  # the daemon dropped this standby, or died
+        buf += chunk
+    os.close(fd)
+    go = json.loads(buf)
+    env = go.get("env", {})
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def _run_script(path: str, args: list[str]) -> None:
+    import builtins  # noqa: PLC0415
+    import importlib.machinery  # noqa: PLC0415
+    import io  # noqa: PLC0415
+    import types  # noqa: PLC0415
+
+    sys.argv = [path, *args]
+    if _is_main_archive(path):
+        # a directory or zip with __main__.py: what CPython itself does
+        _run_module("__main__", alter_argv=False)
+        return
+    abspath = os.path.abspath(path)
+    main = types.ModuleType("__main__")
+    main.__file__ = abspath
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", abspath)
+    sys.modules["__main__"] = main
+    with io.open_code(abspath) as f:
+        source = f.read()
+    code = compile(source, abspath, "exec", dont_inherit=True)
+    exec(code, main.__dict__)  # noqa: S102 - running the user's script is the point
+
+
+def _is_main_archive(path: str) -> bool:
+    import zipfile  # noqa: PLC0415
+
+    return os.path.isdir(path) or (not path.endswith((".py", ".pyw")) and zipfile.is_zipfile(path))
+
+
+def _run_module(name: str, alter_argv: bool = True) -> None:
+    import runpy  # noqa: PLC0415
+    import types  # noqa: PLC0415
+
+    # runpy runs the module in __main__'s namespace, which is ours until now.
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    # The same entry point `python -m` uses, so __spec__, argv[0] and
+    # sys.modules["__main__"] end up exactly as they would there.
+    runpy._run_module_as_main(name, alter_argv=alter_argv)  # type: ignore[attr-defined]
+
+
+def _trimmed(tb: object) -> object:
+    # Hide the bootstrap and runpy frames: a rank's traceback should start in
+    # the user's code, as under torchrun.
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename not in _LAUNCH_FILES:  # type: ignore[attr-defined]
+            break
+        tb = tb.tb_next  # type: ignore[attr-defined]
+    return tb
+
+
+def _exec(target: str, args: list[str]) -> None:
+    # CPython ignores SIGPIPE and SIGXFSZ; an exec'd program must not inherit that.
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+    try:
+        os.execvp(target, [target, *args])
+    except OSError as exc:
+        print(f"ft-supervisor: cannot execute {target!r}: {exc.strerror}", file=sys.stderr)
+        # the shell's convention: 127 not found, 126 found but not executable
+        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+
+
+def _path0(kind: str, target: str) -> str:
+    """sys.path[0] as the interpreter sets it for ``python script`` / ``python -m``."""
+    if kind == "module":
+        return os.getcwd()
+    if _is_main_archive(target):
+        return target
+    return os.path.dirname(os.path.realpath(target))
+
+
+def _run(kind: str, target: str, args: list[str]) -> None:
+    if kind == "exec":
+        _exec(target, args)
+    if kind == "module":
+        sys.argv = ["-m", *args]
+        _run_module(target)
+        return
+    _run_script(target, args)
+
+
+def main(argv: list[str]) -> None:
+    boot_fd, parent_pid, preload, kind, target, *args = argv
+    _die_with_parent(int(parent_pid))
+    # Set before the preload: it must import from where the program will.
+    if kind != "exec":
+        sys.path[0] = _path0(kind, target)
+        _preload(preload)
+    env = _await_go(int(boot_fd))
+    if env is None:
+        sys.exit(0)
+    os.environ.update(env)
+    try:
+        _run(kind, target, args)
+    except Exception as exc:
+        # hooks (torch's among them) may print exc.__traceback__ itself
+        exc = exc.with_traceback(_trimmed(exc.__traceback__))  # type: ignore[arg-type]
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,157 @@
+"""Start one rank process through the bootstrap and talk to it until the go.
+
+Each rank runs in its own session (so its process group holds its descendants:
+dataloader workers and the like), with stdout and stderr opened straight onto
+its per-generation log files: the rank writes there itself, so nothing it logs
+depends on the daemon staying alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from supervisor.core.states import RankState, advance
+from supervisor.core.topology import RankSlot
+
+BOOTSTRAP = str(Path(__file__).with_name("bootstrap.py"))
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    """What every rank runs: ``kind`` is script, module or exec (``--no-python``)."""
+
+    kind: str
+    target: str
+    args: tuple[str, ...] = ()
+    python: str = sys.executable
+    preload: tuple[str, ...] = ()
+
+    def argv(self, boot_fd: int, parent_pid: int) -> list[str]:
+        return [
+            self.python,
+            "-u",
+            BOOTSTRAP,
+            str(boot_fd),
+            str(parent_pid),
+            ",".join(self.preload),
+            self.kind,
+            self.target,
+            *self.args,
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class RankFiles:
+    """Where one rank of one generation writes."""
+
+    dir: Path
+    stdout: Path
+    stderr: Path
+    error_file: Path
+
+    @classmethod
+    def under(cls, generation_dir: Path, local_rank: int) -> RankFiles:
+        d = generation_dir / f"local_rank_{local_rank}"
+        return cls(d, d / "stdout.log", d / "stderr.log", d / "error.json")
+
+
+class RankProcess:
+    """One rank's OS process, from spawn to reap.
+
+    The pid is also the process group id (``start_new_session``), which is what
+    the termination procedure signals.
+    """
+
+    def __init__(
+        self,
+        *,
+        slot: RankSlot,
+        proc: asyncio.subprocess.Process,
+        boot: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        files: RankFiles,
+        spawned_at: float,
+        state: RankState,
+    ) -> None:
+        self.slot = slot
+        self.proc = proc
+        self.files = files
+        self.spawned_at = spawned_at
+        self.state = state
+        self._reader, self._writer = boot
+        self._ready = asyncio.get_running_loop().create_task(self._read_ready())
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def move_to(self, new: RankState) -> None:
+        self.state = advance(self.state, new)
+
+    async def _read_ready(self) -> bool:
+        try:
+            return await self._reader.readline() == b"ready\n"
+        except (ConnectionError, OSError):
+            return False
+
+    async def ready(self) -> bool:
+        """True once the bootstrap finished its preload; False if it died first."""
+        # shielded: a waiter that gives up must not cancel the reading itself
+        return await asyncio.shield(self._ready)
+
+    def go(self, env: Mapping[str, str]) -> None:
+        """Release the rank into its generation with the late environment values."""
+        # The channel stays open until the rank exits: closing it while the
+        # bootstrap may still write "ready" would break its side of the pipe.
+        self._writer.write(orjson.dumps({"env": dict(env)}) + b"\n")
+
+    def close_boot(self) -> None:
+        """Drop the boot channel; a standby that never got its go exits on EOF."""
+        if not self._ready.done():
+            self._ready.cancel()
+        with contextlib.suppress(RuntimeError):
+            self._writer.close()
+
+
+async def spawn_rank(
+    program: Program,
+    slot: RankSlot,
+    env: Mapping[str, str],
+    files: RankFiles,
+    *,
+    now: float,
+    standby: bool,
+) -> RankProcess:
+    files.dir.mkdir(parents=True, exist_ok=True)
+    ours, theirs = socket.socketpair()
+    try:
+        with files.stdout.open("ab") as out, files.stderr.open("ab") as err:
+            proc = await asyncio.create_subprocess_exec(
+                *program.argv(theirs.fileno(), os.getpid()),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=dict(env),
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+            )
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    boot = await asyncio.open_unix_connection(sock=ours)
+    state = RankState.STANDBY if standby else RankState.RUNNING
+    return RankProcess(slot=slot, proc=proc, boot=boot, files=files, spawned_at=now, state=state)

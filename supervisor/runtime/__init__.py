@@ -1,0 +1,1 @@
+"""The daemon: one asyncio loop that gathers evidence and applies decisions."""

@@ -1,0 +1,96 @@
+"""One generation: its ranks, their states, and how each of them ended."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from supervisor.core.states import GroupVerdict, RankState, group_verdict
+from supervisor.core.types import ExitStatus, RankExit
+from supervisor.process.spawn import RankProcess
+from supervisor.runtime.clock import Clock
+from supervisor.runtime.events import EventLog
+
+
+class Generation:
+    """The ranks of one generation.
+
+    A generation is prepared (its ranks spawned, possibly as standbys that
+    preload while the previous generation trains), then started (every rank
+    gets its go), then ended by the termination procedure. ``ended`` is set
+    once its verdict is decided: every rank succeeded, or one failed.
+    """
+
+    def __init__(
+        self,
+        number: int,
+        clock: Clock,
+        events: EventLog,
+        before_exit_event: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.number = number
+        self.ranks: dict[int, RankProcess] = {}
+        self.failures: list[RankExit] = []  # natural failures, in the order seen
+        self.ended = asyncio.Event()
+        self.started = False
+        self._clock = clock
+        self._events = events
+        # lets the console show a rank's last words before the news of its exit
+        self._before_exit_event = before_exit_event
+
+    @property
+    def verdict(self) -> GroupVerdict:
+        return group_verdict({lr: r.state for lr, r in self.ranks.items()})
+
+    def add(self, rank: RankProcess) -> None:
+        """Add (or replace) the rank of a local rank slot; ``watch`` it next."""
+        self.ranks[rank.slot.local_rank] = rank
+
+    def start(self) -> None:
+        self.started = True
+        self._settle()
+
+    async def watch(self, rank: RankProcess) -> None:
+        """Wait for the rank to exit, then record how (a child watcher, no polling)."""
+        returncode = await rank.proc.wait()
+        rank.close_boot()
+        status = ExitStatus.from_returncode(returncode)
+        terminated = rank.state in (RankState.STOPPING, RankState.UNKILLABLE)
+        exit = RankExit(
+            local_rank=rank.slot.local_rank,
+            rank=rank.slot.rank,
+            pid=rank.pid,
+            status=status,
+            at=self._clock.monotonic(),
+            at_wall=self._clock.wall(),
+            terminated=terminated,
+        )
+        was_standby = rank.state is RankState.STANDBY
+        if terminated:
+            rank.move_to(RankState.STOPPED)
+        elif status.succeeded and not was_standby:
+            rank.move_to(RankState.SUCCEEDED)
+        else:
+            rank.move_to(RankState.FAILED)
+            if not was_standby:
+                self.failures.append(exit)
+        failed = rank.state is RankState.FAILED
+        self._before_exit_event()
+        self._events.emit(
+            "rank_exited",
+            # a standby dropped unused is routine; a failed rank never is
+            logging.WARNING if failed else logging.INFO if self.started else logging.DEBUG,
+            generation=self.number,
+            rank=exit.rank,
+            local_rank=exit.local_rank,
+            pid=exit.pid,
+            **status.fields(),
+            state=str(rank.state),
+            standby=was_standby or None,
+        )
+        self._settle()
+
+    def _settle(self) -> None:
+        if self.started and self.verdict is not GroupVerdict.RUNNING:
+            self.ended.set()

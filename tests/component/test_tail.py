@@ -1,0 +1,72 @@
+import os
+import time
+from pathlib import Path
+
+from supervisor.log import STDERR, STDOUT, Console
+from supervisor.process.tail import MAX_LINE, LogFollower
+
+
+class Captured(Console):
+    """A console that keeps what it is given (the writer thread is not started)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[tuple[int, bytes]] = []
+
+    def write(self, stream: int, data: bytes) -> None:
+        self.written.append((stream, data))
+
+    def text(self, stream: int) -> bytes:
+        return b"".join(d for s, d in self.written if s == stream)
+
+
+def test_lines_get_the_rank_prefix_and_partial_lines_wait(tmp_path: Path) -> None:
+    out, err = tmp_path / "out", tmp_path / "err"
+    console = Captured()
+    follower = LogFollower(console)
+    follower.follow(3, out, STDOUT)
+    follower.follow(3, err, STDERR)
+    follower.poll()  # files do not exist yet: nothing happens
+    with out.open("ab") as o, err.open("ab") as e:
+        o.write(b"one\ntw")
+        o.flush()
+        e.write(b"bad\n")
+        e.flush()
+        follower.poll()
+        assert console.text(STDOUT) == b"[rank 3] one\n"
+        assert console.text(STDERR) == b"[rank 3] bad\n"
+        o.write(b"o\nthree")
+        o.flush()
+    follower.finish()
+    assert console.text(STDOUT) == b"[rank 3] one\n[rank 3] two\n[rank 3] three\n"
+
+
+def test_a_runaway_line_is_cut(tmp_path: Path) -> None:
+    path = tmp_path / "out"
+    path.write_bytes(b"x" * (MAX_LINE + 10))
+    console = Captured()
+    follower = LogFollower(console)
+    follower.follow(0, path, STDOUT)
+    follower.poll()
+    assert len(console.written) == 1
+    follower.finish()
+
+
+def test_console_drops_instead_of_blocking(tmp_path: Path) -> None:
+    read_fd, write_fd = os.pipe()  # nobody reads: a stuck terminal
+    console = Console(maxsize=4)
+    saved = os.dup(1)
+    os.dup2(write_fd, 1)
+    try:
+        console.start()
+        started = time.monotonic()
+        for _ in range(10_000):
+            console.write(STDOUT, b"y" * 1024 + b"\n")
+        assert time.monotonic() - started < 30  # writes never waited for the pipe
+        assert console.dropped > 0
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(read_fd)
+        os.close(write_fd)
+        console.close(timeout=1)

@@ -1,0 +1,63 @@
+"""Suite-wide fixtures: every test runs under a leak check and a deadline."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from supervisor.process.sentinel import kill_all, pids_with_env
+from tests.support import LEAK_KEY, Daemon, wait_until
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "?"
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fail a test that leaves any process behind, grandchildren included.
+
+    Every process a test starts inherits a per-test token in its environment;
+    afterwards /proc must hold none that carries it (a few seconds are allowed
+    for processes already on their way out, such as a sentinel's last sweep).
+    """
+    entry = f"{LEAK_KEY}={uuid.uuid4().hex}"
+    key, value = entry.split("=")
+    monkeypatch.setenv(key, value)
+    yield
+    probe = entry.encode()
+    try:
+        wait_until(lambda: not pids_with_env(probe), 10.0, "the test's processes to exit")
+    except AssertionError:
+        leaked = pids_with_env(probe)
+        described = [f"{pid}: {_cmdline(pid)}" for pid in leaked]
+        kill_all(leaked, signal.SIGKILL)
+        pytest.fail("leaked processes:\n" + "\n".join(described))
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[list[Daemon]]:
+    """Daemons started by a test; any still running at the end is killed."""
+    started: list[Daemon] = []
+    yield started
+    for d in started:
+        d.close()
+
+
+@pytest.fixture
+def start(tmp_path: Path, daemons: list[Daemon]):  # type: ignore[no-untyped-def]
+    def _start(*args: str, env: dict[str, str] | None = None, run_id: str = "t") -> Daemon:
+        sub = tmp_path / f"d{len(daemons)}"
+        sub.mkdir()
+        d = Daemon(sub, args, env=env, run_id=run_id)
+        daemons.append(d)
+        return d
+
+    return _start

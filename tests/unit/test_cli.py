@@ -1,0 +1,126 @@
+"""The real command line, in a subprocess: bad input exits 2 with a clear message."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from supervisor.cli import build_parser, build_run_config
+from supervisor.config import ConfigError
+
+
+def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        env=env,
+    )
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    s = tmp_path / "s.py"
+    s.write_text("pass\n")
+    return s
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--nnodes", "2"], "--nnodes 2: this version supervises a single node only"),
+        (["--nnodes", "x"], "--nnodes 'x': expected N or MIN:MAX"),
+        (["--node-rank", "1"], "--node-rank 1: with one node the only node rank is 0"),
+        (["--nproc-per-node", "zero"], "--nproc-per-node 'zero': expected an integer"),
+        (["--no-python", "-m"], "--no-python and -m/--module contradict each other"),
+        (["--standalone", "--rdzv-endpoint", "h:1"], "contradicts --rdzv-endpoint h:1"),
+        (["--standalone", "--master-port", "5"], "contradicts --master-port"),
+        (["--rdzv-id", "a", "--run-id", "b"], "--rdzv-id 'a' and --run-id 'b' contradict"),
+        (["--max-restarts", "-1"], "--max-restarts -1: must be >= 0"),
+        (["--master-port", "70000"], "--master-port 70000: expected 1-65535"),
+        (["--local-ranks-filter", "7"], "local rank(s) [7] do not exist"),
+        (["--redirects", "9"], "--redirects '9': expected 0-3"),
+        (["--signals-to-handle", "SIGFOO"], "unknown signal 'SIGFOO'"),
+        (["--kill-timeout", "0"], "--kill-timeout 0.0: must be > 0"),
+        (["--numa-binding", "node"], "--numa-binding is not supported"),
+        (["--start-method", "thread"], "invalid choice: 'thread'"),
+    ],
+)
+def test_bad_options_exit_2_with_a_clear_message(
+    args: list[str], message: str, script: Path, tmp_path: Path
+) -> None:
+    r = _cli("run", *args, str(script), cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_missing_script_is_named(tmp_path: Path) -> None:
+    r = _cli("run", "nope.py", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "training script 'nope.py' does not exist" in r.stderr
+
+
+def test_no_command_is_a_usage_error(tmp_path: Path) -> None:
+    r = _cli(cwd=tmp_path)
+    assert r.returncode == 2
+    assert "COMMAND" in r.stderr
+
+
+def test_unwritable_log_dir_is_reported_plainly(script: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = _cli("run", "--log-dir", str(blocker / "sub"), "--preload", "none", str(script), cwd=tmp_path)
+    assert r.returncode == 2
+    assert "cannot create the run directory" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_supervisord_in_the_same_environment_is_named(script: Path, tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    dist = site / "supervisor-4.2.5.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: supervisor\nVersion: 4.2.5\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    r = _cli("run", str(script), cwd=tmp_path, env=env)
+    assert r.returncode == 2
+    assert "supervisord 4.2.5" in r.stderr
+    assert "cannot share one environment" in r.stderr
+
+
+def _parse(*argv: str) -> object:
+    ns = build_parser().parse_args(["run", *argv])
+    return build_run_config(ns, {})
+
+
+def test_torchrun_spellings_and_defaults(script: Path) -> None:
+    cfg = _parse("--nproc_per_node", "2", "--max_restarts", "3", str(script), "--lr", "1")
+    assert cfg.topology.nproc_per_node == 2  # type: ignore[attr-defined]
+    assert cfg.max_restarts == 3  # type: ignore[attr-defined]
+    assert cfg.program.args == ("--lr", "1")  # type: ignore[attr-defined]
+    assert cfg.master_port is None  # type: ignore[attr-defined]
+    assert len(cfg.run_id) == 36  # type: ignore[attr-defined]  # a uuid, as torchrun's
+
+
+def test_pet_environment_defaults(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "3")
+    monkeypatch.setenv("PET_STANDALONE", "1")
+    cfg = _parse(str(script))
+    assert cfg.topology.nproc_per_node == 3  # type: ignore[attr-defined]
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "2")
+    assert _parse("--nproc-per-node", "1", str(script)).topology.nproc_per_node == 1  # type: ignore[attr-defined]
+
+
+def test_static_master_port_keeps_the_run_id(script: Path) -> None:
+    assert _parse("--master-port", "29555", str(script)).run_id == "none"  # type: ignore[attr-defined]
+    assert _parse("--rdzv-id", "job7", str(script)).run_id == "job7"  # type: ignore[attr-defined]
+
+
+def test_config_errors_are_value_errors(script: Path) -> None:
+    with pytest.raises(ConfigError):
+        _parse("--nnodes", "3", str(script))
