@@ -13,7 +13,6 @@ Anything else is treated as no error file, never as a crash of the supervisor.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,15 +57,13 @@ def _as_int(value: object) -> int | None:
     return None
 
 
-def _failure_key(failure: RankFailure) -> tuple[int, float]:
-    # torchelastic orders failures by the error file's timestamp, which has
-    # one-second resolution. We observe every exit at once, so within the same
-    # second the exit order (monotonic) is the better witness; across seconds
-    # an error file can prove a rank failed earlier than its exit shows.
-    second = math.floor(failure.exit.at_wall)
-    if failure.error is not None and failure.error.timestamp is not None:
-        second = min(second, failure.error.timestamp)
-    return (second, failure.exit.at)
+def _failure_key(failure: RankFailure) -> tuple[float, float]:
+    # torchelastic orders failures by the timestamp inside the error file, which
+    # has one-second resolution: useless when a peer's error follows within
+    # milliseconds. The file's mtime says when @record fired, to the nanosecond;
+    # a rank without one failed when it exited (we notice exits at once). A
+    # rank that raised first but was slow to exit is still found first.
+    return (failure.failed_at, failure.exit.at)
 
 
 def root_cause(failures: Sequence[RankFailure]) -> RankFailure:

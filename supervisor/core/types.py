@@ -112,7 +112,17 @@ class RankFailure:
 
     exit: RankExit
     error: ErrorRecord | None = None
+    # wall-clock time the error file was written (its mtime): when the rank
+    # failed, to the nanosecond, even if it took a while to exit afterwards
+    error_at: float | None = None
     log_tail: tuple[str, ...] = ()  # the last lines of the rank's stderr
+
+    @property
+    def failed_at(self) -> float:
+        """Best estimate of when the rank failed (wall clock)."""
+        if self.error_at is not None:
+            return min(self.error_at, self.exit.at_wall)
+        return self.exit.at_wall
 
     def summary(self) -> str:
         if self.error is not None:

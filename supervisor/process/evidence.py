@@ -16,13 +16,23 @@ TAIL_LINES = 40
 ERROR_FILE_LIMIT = 1024 * 1024  # a rank's error file is small; never read a runaway one whole
 
 
-async def read_error_file(path: Path) -> ErrorRecord | None:
+async def read_error_file(path: Path) -> tuple[ErrorRecord | None, float | None]:
+    """The parsed error file and when it was written (mtime), if there is one."""
     try:
         async with aiofiles.open(path, "rb") as f:
+            written = os.fstat(f.fileno()).st_mtime_ns / 1e9
             data = await f.read(ERROR_FILE_LIMIT)
     except OSError:
+        return None, None
+    record = parse_error_file(data.decode(errors="replace"))
+    return record, written if record is not None else None
+
+
+def error_file_time(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime_ns / 1e9
+    except OSError:
         return None
-    return parse_error_file(data.decode(errors="replace"))
 
 
 async def log_tail(path: Path, max_bytes: int = TAIL_BYTES, max_lines: int = TAIL_LINES) -> tuple[str, ...]:
@@ -40,8 +50,5 @@ async def log_tail(path: Path, max_bytes: int = TAIL_BYTES, max_lines: int = TAI
 
 
 async def failure_evidence(exit: RankExit, files: RankFiles) -> RankFailure:
-    return RankFailure(
-        exit=exit,
-        error=await read_error_file(files.error_file),
-        log_tail=await log_tail(files.stderr),
-    )
+    error, error_at = await read_error_file(files.error_file)
+    return RankFailure(exit=exit, error=error, error_at=error_at, log_tail=await log_tail(files.stderr))

@@ -222,6 +222,7 @@ class Supervisor:
         if self._stop_signal is not None:
             stop_signal = signals.forwarded(self._stop_signal)
         entry = token_entry(self.token, gen.number)
+        gen.stop_wall = self.clock.wall()
         report = await terminate(
             list(gen.ranks.values()),
             grace=self.cfg.shutdown_timeout,
@@ -269,7 +270,23 @@ class Supervisor:
         self.rundir.forget_generation(gen.number)
 
     async def _evidence(self, gen: Generation) -> list[RankFailure]:
-        failures = [await failure_evidence(exit, gen.ranks[exit.local_rank].files) for exit in gen.failures]
+        """Every rank that failed on its own, the root cause first.
+
+        That includes ranks we stopped: one may have raised (and written its
+        error file) first, then been slow to exit while a peer failed because
+        of it. Its error file, written before we signalled it, gives it away.
+        """
+        failures = []
+        for lr, exit in gen.exits.items():
+            state = gen.ranks[lr].state
+            if state not in (RankState.FAILED, RankState.STOPPED):
+                continue
+            failure = await failure_evidence(exit, gen.ranks[lr].files)
+            failed_first = failure.error_at is not None and (
+                gen.stop_wall is None or failure.error_at < gen.stop_wall
+            )
+            if state is RankState.FAILED or failed_first:
+                failures.append(failure)
         return order_failures(failures)
 
     # -- background tasks -----------------------------------------------------------

@@ -31,7 +31,10 @@ class Generation:
     ) -> None:
         self.number = number
         self.ranks: dict[int, RankProcess] = {}
-        self.failures: list[RankExit] = []  # natural failures, in the order seen
+        self.exits: dict[int, RankExit] = {}
+        # wall-clock time the termination procedure began: anything a rank
+        # recorded before then, it did on its own
+        self.stop_wall: float | None = None
         self.ended = asyncio.Event()
         self.started = False
         self._clock = clock
@@ -73,8 +76,7 @@ class Generation:
             rank.move_to(RankState.SUCCEEDED)
         else:
             rank.move_to(RankState.FAILED)
-            if not was_standby:
-                self.failures.append(exit)
+        self.exits[exit.local_rank] = exit
         failed = rank.state is RankState.FAILED
         self._before_exit_event()
         self._events.emit(

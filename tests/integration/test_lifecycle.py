@@ -1,0 +1,257 @@
+"""The whole daemon through its CLI, with light (torch-free) ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.dstate import TrapUnavailable, unkillable_trap
+from tests.support import RANKS, Daemon, alive, rank_pids, wait_until
+
+BEHAVE = str(RANKS / "behave.py")
+FAST = ("--nproc-per-node", "2", "--preload", "none")
+Start = Callable[..., Daemon]
+
+
+def test_clean_run_exits_0_with_logs_and_events(start: Start) -> None:
+    d = start(*FAST, BEHAVE, "--print", "hello")
+    assert d.wait() == 0, d.stderr()
+    assert "[rank 0] hello\n" in d.stdout() and "[rank 1] hello\n" in d.stdout()
+    assert "[rank 1] err:hello\n" in d.stderr()
+    run_dir = d.run_dir()
+    assert run_dir is not None
+    for r in (0, 1):
+        files = run_dir / "gen_0" / f"local_rank_{r}"
+        assert (files / "stdout.log").read_text() == "hello\n"
+        assert (files / "stderr.log").read_text() == "err:hello\n"
+    names = [e["event"] for e in d.events()]
+    assert names[0] == "run_started" and names[-1] == "run_finished"
+    for name, count in [
+        ("rank_spawned", 2),
+        ("generation_started", 1),
+        ("rank_exited", 2),
+        ("generation_ended", 1),
+    ]:
+        assert names.count(name) == count, names
+    assert d.events("run_finished")[0]["exit_code"] == 0
+    assert all("t_mono" in e and "t_wall" in e for e in d.events())
+
+
+def test_console_follows_redirects_tee_and_filters(start: Start) -> None:
+    d = start(*FAST, "--redirects", "3", "--tee", "0:2", "--local-ranks-filter", "0", BEHAVE, "--print", "x")
+    assert d.wait() == 0, d.stderr()
+    assert "[rank" not in d.stdout()  # stdout redirected for both ranks
+    assert "[rank 0] err:x" in d.stderr()  # rank 0's stderr is tee'd
+    assert "[rank 1]" not in d.stderr()  # rank 1 is filtered out
+    run_dir = d.run_dir()
+    assert run_dir is not None
+    assert (run_dir / "gen_0" / "local_rank_1" / "stdout.log").read_text() == "x\n"
+
+
+def test_crash_restarts_with_warm_standbys_and_a_fresh_port(start: Start) -> None:
+    d = start(
+        *FAST,
+        "--max-restarts",
+        "2",
+        BEHAVE,
+        "--sleep",
+        "0.5",
+        "--fail-rank",
+        "1",
+        "--fail-generations",
+        "0",
+        "--exit",
+        "3",
+    )
+    assert d.wait() == 0, d.stderr()
+    decision = d.events("decision")
+    assert [(e["action"], e["reason"]) for e in decision] == [("restart", "rank_failed")]
+    assert "rank 1 failed (exit code 3)" in decision[0]["detail"]
+    gens = d.events("generation_started")
+    assert [g["generation"] for g in gens] == [0, 1]
+    assert gens[1]["standby_ranks"] == 2  # spawned ahead, released by the go
+    assert gens[0]["master_port"] != gens[1]["master_port"]
+    failed = [e for e in d.events("rank_exited") if e["state"] == "failed"]
+    assert [(e["rank"], e["exit_code"]) for e in failed] == [(1, 3)]
+    # the unused standbys of generation 2 leave no files behind
+    run_dir = d.run_dir()
+    assert run_dir is not None
+    assert sorted(p.name for p in run_dir.glob("gen_*")) == ["gen_0", "gen_1"]
+
+
+def test_without_standby_a_restart_spawns_fresh_ranks(start: Start) -> None:
+    d = start(
+        *FAST,
+        "--max-restarts",
+        "1",
+        "--no-standby",
+        BEHAVE,
+        "--fail-rank",
+        "0",
+        "--fail-generations",
+        "0",
+        "--exit",
+        "1",
+    )
+    assert d.wait() == 0, d.stderr()
+    assert [g["standby_ranks"] for g in d.events("generation_started")] == [0, 0]
+
+
+def test_a_standby_that_died_is_replaced(start: Start) -> None:
+    d = start(*FAST, "--max-restarts", "1", BEHAVE, "--forever")
+    standbys = d.wait_event("rank_spawned", where=lambda e: e["standby"], count=2)
+    victim = standbys[0]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    d.wait_event("rank_exited", where=lambda e: e["pid"] == victim)
+    os.kill(rank_pids(d, 0)[1], signal.SIGKILL)  # generation 0 fails
+    gen1 = d.wait_event("generation_started", where=lambda e: e["generation"] == 1)[0]
+    assert gen1["standby_ranks"] == 1  # the dead standby was spawned afresh
+    d.signal(signal.SIGTERM)
+    assert d.wait() == 128 + signal.SIGTERM
+
+
+def test_restarts_exhausted_exit_1_and_name_the_root_cause(start: Start) -> None:
+    d = start(*FAST, "--max-restarts", "1", BEHAVE, "--fail-rank", "1", "--kill-self", "SIGSEGV")
+    assert d.wait() == 1
+    err = d.stderr()
+    assert "run_failed action=abort reason=restarts_exhausted" in err
+    assert "root cause: rank 1 (local rank 1" in err
+    assert "signal 11 (SIGSEGV)" in err
+    assert d.events("run_finished")[0]["exit_code"] == 1
+
+
+def test_sigterm_stops_ranks_gracefully_and_exits_143(start: Start, tmp_path: Path) -> None:
+    terms = tmp_path / "terms"
+    d = start(
+        *FAST,
+        "--shutdown-timeout",
+        "5",
+        BEHAVE,
+        "--forever",
+        "--on-term",
+        str(terms),
+        "--pidfile",
+        str(tmp_path),
+    )
+    wait_until(lambda: len(list(tmp_path.glob("rank*.pid"))) == 2, 30, "both ranks to run")
+    d.signal(signal.SIGTERM)
+    assert d.wait() == 128 + signal.SIGTERM
+    assert sorted(terms.read_text().splitlines()) == ["0 0", "1 0"]
+    assert d.events("stop_requested")[0]["signal"] == "SIGTERM"
+
+
+def test_sigterm_with_stubborn_ranks_ends_within_grace_plus_1s(start: Start, tmp_path: Path) -> None:
+    d = start(
+        *FAST, "--shutdown-timeout", "1", BEHAVE, "--forever", "--ignore-term", "--pidfile", str(tmp_path)
+    )
+    wait_until(lambda: len(list(tmp_path.glob("rank*.pid"))) == 2, 30, "both ranks to run")
+    sent = time.monotonic()
+    d.signal(signal.SIGTERM)
+    assert d.wait() == 128 + signal.SIGTERM
+    assert time.monotonic() - sent < 1 + 1
+    ended = d.events("generation_ended")[0]
+    assert ended["killed"] == 2
+
+
+def test_a_second_sigint_forces_the_stop(start: Start, tmp_path: Path) -> None:
+    d = start(
+        *FAST, "--shutdown-timeout", "600", BEHAVE, "--forever", "--ignore-term", "--pidfile", str(tmp_path)
+    )
+    wait_until(lambda: len(list(tmp_path.glob("rank*.pid"))) == 2, 30, "both ranks to run")
+    d.signal(signal.SIGINT)
+    d.wait_event("stop_requested")
+    d.signal(signal.SIGINT)
+    assert d.wait(timeout=30) == 128 + signal.SIGINT  # not the 600 s grace
+    assert d.events("stop_forced")
+
+
+def test_sigusr1_dumps_the_status(start: Start, tmp_path: Path) -> None:
+    d = start(*FAST, BEHAVE, "--forever")
+    d.wait_event("generation_started")
+    d.signal(signal.SIGUSR1)
+    status = d.wait_event("status")[0]
+    assert status["generation"] == 0
+    assert sorted(r["pid"] for r in status["ranks"]) == sorted(rank_pids(d, 0))
+    assert {r["state"] for r in status["ranks"]} == {"running"}
+    assert status["uptime_s"] >= 0
+    d.signal(signal.SIGTERM)
+    assert d.wait() == 128 + signal.SIGTERM
+
+
+def test_sigkilled_daemon_leaves_no_rank_or_grandchild(start: Start, tmp_path: Path) -> None:
+    d = start(*FAST, "--max-restarts", "1", BEHAVE, "--forever", "--grandchild", str(tmp_path))
+    wait_until(lambda: len(list(tmp_path.glob("*.children"))) == 2, 30, "the grandchildren")
+    standbys = d.wait_event("rank_spawned", where=lambda e: e["standby"], count=2)
+    pids = rank_pids(d) + [int(p) for f in tmp_path.glob("*.children") for p in f.read_text().split()]
+    assert len(pids) == 8 and all(alive(p) for p in pids)
+    assert {e["pid"] for e in standbys} <= set(pids)
+    d.signal(signal.SIGKILL)
+    d.wait()
+    wait_until(lambda: not any(alive(p) for p in pids), 10, "every rank and descendant to die")
+
+
+def test_no_python_and_module_modes(start: Start, tmp_path: Path) -> None:
+    d = start("--nproc-per-node", "2", "--no-python", "sh", "-c", 'echo "sh rank $RANK"')
+    assert d.wait() == 0, d.stderr()
+    assert "[rank 1] sh rank 1" in d.stdout()
+    pkg = tmp_path / "mod_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "job.py").write_text("import os; print('module rank', os.environ['RANK'], __name__)")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    m = start("--preload", "none", "-m", "mod_pkg.job", env=env)
+    assert m.wait() == 0, m.stderr()
+    assert "[rank 0] module rank 0 __main__" in m.stdout()
+
+
+def test_events_are_valid_json_lines(start: Start) -> None:
+    d = start(*FAST, BEHAVE)
+    assert d.wait() == 0
+    run_dir = d.run_dir()
+    assert run_dir is not None
+    for line in (run_dir / "events.jsonl").read_text().splitlines():
+        assert isinstance(json.loads(line), dict)
+
+
+def test_a_rank_stuck_in_the_kernel_ends_the_run_without_wedging(start: Start, tmp_path: Path) -> None:
+    try:
+        trap = unkillable_trap(str(tmp_path))
+    except TrapUnavailable as exc:
+        pytest.skip(f"no real D-state process here: {exc}")
+    with trap:
+        d = start(
+            "--nproc-per-node",
+            "2",
+            "--preload",
+            "none",
+            "--max-restarts",
+            "3",
+            "--shutdown-timeout",
+            "0.5",
+            "--kill-timeout",
+            "1",
+            BEHAVE,
+            "--touch",
+            os.path.join(trap.mountpoint, "held"),
+            "--touch-rank",
+            "0",
+            "--fail-rank",
+            "1",
+            "--exit",
+            "1",
+        )
+        # rank 0 blocks in the kernel; rank 1 fails, which makes the daemon end rank 0
+        assert trap.wait_held(1, 30.0)
+        assert d.wait(timeout=60) == 1
+        err = d.stderr()
+        assert "reason=rank_unkillable" in err
+        assert "stuck in the kernel after SIGKILL: local rank(s) [0]" in err
+        assert d.events("rank_unkillable")[0]["local_ranks"] == [0]
+        assert not d.events("generation_started")[1:]  # never restarted over it
+        trap.release()

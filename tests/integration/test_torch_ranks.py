@@ -1,0 +1,151 @@
+"""The whole daemon with real torch ranks (gloo on CPU), and next to real torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.support import RANKS, TRAIN, Daemon, rank_pids, wait_until
+
+pytestmark = pytest.mark.torch
+Start = Callable[..., Daemon]
+
+# Values that must differ between two runs (ports, run ids, paths), and the one
+# we change on purpose: ranks never use an agent store that outlives a generation.
+MUST_DIFFER = {
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_ERROR_FILE",
+    "TORCHELASTIC_USE_AGENT_STORE",
+}
+
+
+def test_ranks_get_the_environment_torchrun_gives_them(start: Start, tmp_path: Path) -> None:
+    ours, theirs = tmp_path / "ours", tmp_path / "torchrun"
+    ours.mkdir()
+    theirs.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "OMP_", "TORCH"))}
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            str(RANKS / "envdump.py"),
+            str(theirs),
+        ],
+        check=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    d = start("--nproc-per-node", "2", str(RANKS / "envdump.py"), str(ours), env=env)
+    assert d.wait() == 0, d.stderr()
+    for rank in (0, 1):
+        a = json.loads((theirs / f"rank{rank}.json").read_text())
+        b = json.loads((ours / f"rank{rank}.json").read_text())
+        env_a, env_b = a.pop("env"), b.pop("env")
+        ours_only = {k for k in env_b if k.startswith("FT_SUPERVISOR_")}
+        assert set(env_a) == set(env_b) - ours_only
+        differ = {k for k in env_a if env_a[k] != env_b[k]}
+        assert differ <= MUST_DIFFER, {k: (env_a[k], env_b[k]) for k in differ - MUST_DIFFER}
+        assert env_b["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+        assert a.pop("argv")[0] == b.pop("argv")[0]
+        assert a == b  # sys.path[0], __file__, -u, stdin, own session...
+
+
+def test_crash_restart_resume_finish(start: Start, tmp_path: Path) -> None:
+    snapshot = tmp_path / "snapshot.pt"
+    d = start(
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "2",
+        str(TRAIN),
+        "--steps",
+        "30",
+        "--step-time",
+        "0.01",
+        "--save-every",
+        "10",
+        "--crash-at-step",
+        "15",
+        "--snapshot",
+        str(snapshot),
+    )
+    assert d.wait(timeout=120) == 0, d.stderr()
+    out = d.stdout()
+    assert "[rank 1] injecting a fault at step 15 (raise)" in out
+    assert "[rank 0] resuming from snapshot at step 10" in out
+    assert "[rank 0] training finished: 30 steps" in out
+    decision = d.events("decision")[0]
+    assert "RuntimeError: injected fault at step 15 on rank 1" in decision["detail"]
+
+
+def test_exhausted_restarts_print_the_root_cause_from_the_error_file(start: Start) -> None:
+    d = start(
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        str(TRAIN),
+        "--steps",
+        "20",
+        "--step-time",
+        "0.01",
+        "--crash-at-step",
+        "3",
+        "--crash-generations",
+        "all",
+    )
+    assert d.wait(timeout=120) == 1
+    err = d.stderr()
+    assert "reason=restarts_exhausted" in err
+    assert "root cause: rank 1 (local rank 1" in err
+    assert "RuntimeError: injected fault at step 3 on rank 1" in err
+    assert "error file:" in err  # the @record traceback, not just an exit code
+    assert len(d.events("generation_started")) == 2
+
+
+def test_twenty_consecutive_crash_restart_cycles(start: Start) -> None:
+    d = start(
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "20",
+        str(TRAIN),
+        "--steps",
+        "3",
+        "--step-time",
+        "0",
+        "--crash-at-step",
+        "1",
+        "--crash-generations",
+        "0-19",
+    )
+    assert d.wait(timeout=400) == 0, d.stderr()[-3000:]
+    assert [e["action"] for e in d.events("decision")] == ["restart"] * 20
+    assert [e["generation"] for e in d.events("generation_started")] == list(range(21))
+    assert d.events("run_finished")[0]["restarts_used"] == 20
+
+
+def test_the_daemon_never_loads_torch(start: Start, tmp_path: Path) -> None:
+    d = start("--nproc-per-node", "2", str(TRAIN), "--steps", "200", "--step-time", "0.05")
+    wait_until(lambda: "step 10/200" in d.stdout(), 120, "training to run")
+    maps = Path(f"/proc/{d.pid}/maps").read_text()
+    assert "libtorch" not in maps
+    rank_maps = Path(f"/proc/{rank_pids(d, 0)[0]}/maps").read_text()
+    assert "libtorch" in rank_maps  # the check can fail: the ranks do load it
+    d.signal(signal.SIGTERM)
+    assert d.wait() == 128 + signal.SIGTERM
