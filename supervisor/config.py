@@ -116,12 +116,18 @@ def parse_ranks_filter(value: str, nproc: int) -> frozenset[int] | None:
     return ranks
 
 
+# What a distributed torch script ends up importing: DistributedDataParallel
+# (and FSDP, and torch.compile) import torch._dynamo lazily, 800 modules and
+# about 1 s, on the first construction; a standby pays it instead.
+TORCH_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
+
+
 def default_preload(python: str, current: str) -> tuple[str, ...]:
-    # Preloading torch only helps a Python program that uses it; looking for it
-    # costs a stat, importing it in the daemon would cost 200 MB.
+    # Only the rank's interpreter can tell whether torch is there; for our
+    # own it costs a stat (importing it in the daemon would cost 200 MB).
     if python != current:
         return ()
-    return ("torch",) if importlib.util.find_spec("torch") is not None else ()
+    return TORCH_PRELOAD if importlib.util.find_spec("torch") is not None else ()
 
 
 @dataclass(frozen=True, slots=True)

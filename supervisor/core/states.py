@@ -59,13 +59,21 @@ class GroupVerdict(StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    STOPPED = "stopped"
+
+
+# still doing something of its own accord (an UNKILLABLE rank is not: it was ended)
+_ACTIVE = frozenset({RankState.STANDBY, RankState.RUNNING, RankState.STOPPING})
 
 
 def group_verdict(states: Mapping[int, RankState]) -> GroupVerdict:
-    """One failed rank fails the group; the group succeeds when every rank did."""
+    """One failed rank fails the group; the group succeeds when every rank did;
+    a group ended by the supervisor with neither is stopped."""
     values = states.values()
     if any(s is RankState.FAILED for s in values):
         return GroupVerdict.FAILED
     if values and all(s is RankState.SUCCEEDED for s in values):
         return GroupVerdict.SUCCEEDED
+    if values and not any(s in _ACTIVE for s in values):
+        return GroupVerdict.STOPPED
     return GroupVerdict.RUNNING

@@ -34,6 +34,7 @@ class Program:
     args: tuple[str, ...] = ()
     python: str = sys.executable
     preload: tuple[str, ...] = ()
+    fast_exit: bool = True
 
     def argv(self, boot_fd: int, parent_pid: int) -> list[str]:
         return [
@@ -43,6 +44,7 @@ class Program:
             str(boot_fd),
             str(parent_pid),
             ",".join(self.preload),
+            "fast-exit" if self.fast_exit else "",
             self.kind,
             self.target,
             *self.args,

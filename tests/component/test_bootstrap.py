@@ -9,27 +9,33 @@ import sys
 import textwrap
 from pathlib import Path
 
-from supervisor.process.spawn import BOOTSTRAP
+import pytest
+
+from supervisor.process.spawn import Program
 from tests.support import alive, wait_until
 
 
+def _argv(
+    fd: int, kind: str, target: str, *args: str, preload: str = "", fast_exit: bool = True
+) -> list[str]:
+    modules = tuple(filter(None, preload.split(",")))
+    program = Program(kind, target, args, sys.executable, modules, fast_exit=fast_exit)
+    return program.argv(fd, os.getpid())
+
+
 def _boot(
-    tmp: Path, kind: str, target: str, *args: str, go: dict[str, str] | None = None, preload: str = ""
+    tmp: Path,
+    kind: str,
+    target: str,
+    *args: str,
+    go: dict[str, str] | None = None,
+    preload: str = "",
+    fast_exit: bool = True,
 ) -> subprocess.CompletedProcess[str]:
     ours, theirs = socket.socketpair()
     with ours:
         p = subprocess.Popen(
-            [
-                sys.executable,
-                "-u",
-                BOOTSTRAP,
-                str(theirs.fileno()),
-                str(os.getpid()),
-                preload,
-                kind,
-                target,
-                *args,
-            ],
+            _argv(theirs.fileno(), kind, target, *args, preload=preload, fast_exit=fast_exit),
             pass_fds=[theirs.fileno()],
             cwd=tmp,
             stdout=subprocess.PIPE,
@@ -87,6 +93,27 @@ def test_preloaded_modules_are_imported_before_the_go(tmp_path: Path) -> None:
     assert _boot(tmp_path, "script", "probe.py", preload="sqlite3,no_such_module").stdout == "True\n"
 
 
+def test_the_preload_leaves_the_environment_alone(tmp_path: Path) -> None:
+    (tmp_path / "meddler.py").write_text("import os\nos.environ['MEDDLED'] = '1'\nos.environ.pop('KEEP')")
+    (tmp_path / "probe.py").write_text("import os; print(os.environ.get('MEDDLED'), os.environ['KEEP'])")
+    env = dict(os.environ, KEEP="kept")
+    ours, theirs = socket.socketpair()
+    with ours:
+        p = subprocess.Popen(
+            _argv(theirs.fileno(), "script", "probe.py", preload="meddler"),
+            pass_fds=[theirs.fileno()],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        theirs.close()
+        ours.recv(16)
+        ours.sendall(b"{}\n")
+        out, _ = p.communicate(timeout=30)
+    assert out == "None kept\n"
+
+
 def test_traceback_starts_in_the_users_code(tmp_path: Path) -> None:
     (tmp_path / "boom.py").write_text("def f():\n    raise ValueError('boom')\nf()\n")
     r = _boot(tmp_path, "script", "boom.py")
@@ -94,6 +121,24 @@ def test_traceback_starts_in_the_users_code(tmp_path: Path) -> None:
     assert r.returncode == native.returncode == 1
     assert r.stderr == native.stderr
     assert "bootstrap" not in r.stderr
+
+
+EXIT_PROBE = """
+import atexit, gc, sys
+log = open("unclosed.txt", "w")  # never closed: teardown must still flush it
+log.write("flushed")
+atexit.register(lambda: print("atexit frozen" if gc.get_freeze_count() else "atexit plain"))
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_fast_exit_keeps_atexit_and_file_flushes(tmp_path: Path, fast: bool) -> None:
+    (tmp_path / "x.py").write_text(EXIT_PROBE)
+    r = _boot(tmp_path, "script", "x.py", fast_exit=fast)
+    assert r.returncode == 3
+    assert r.stdout == ("atexit frozen\n" if fast else "atexit plain\n")
+    assert (tmp_path / "unclosed.txt").read_text() == "flushed"
 
 
 def test_system_exit_code_passes_through(tmp_path: Path) -> None:
@@ -112,7 +157,7 @@ def test_exec_mode_and_its_errors(tmp_path: Path) -> None:
 def test_dropped_standby_exits_quietly(tmp_path: Path) -> None:
     ours, theirs = socket.socketpair()
     p = subprocess.Popen(
-        [sys.executable, "-u", BOOTSTRAP, str(theirs.fileno()), str(os.getpid()), "", "script", "never.py"],
+        _argv(theirs.fileno(), "script", "never.py"),
         pass_fds=[theirs.fileno()],
         stderr=subprocess.PIPE,
         text=True,
@@ -129,12 +174,13 @@ def test_rank_dies_when_its_parent_is_sigkilled(tmp_path: Path) -> None:
     (tmp_path / "forever.py").write_text(
         f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(3600)"
     )
-    parent = textwrap.dedent(f"""
-        import json, os, socket, subprocess, sys, time
+    parent = textwrap.dedent("""
+        import os, socket, subprocess, sys, time
+        from supervisor.process.spawn import Program
         ours, theirs = socket.socketpair()
-        subprocess.Popen([sys.executable, "-u", {BOOTSTRAP!r}, str(theirs.fileno()),
-                          str(os.getpid()), "", "script", "forever.py"], pass_fds=[theirs.fileno()])
-        ours.recv(16); ours.sendall(b"{{}}\\n")
+        argv = Program("script", "forever.py").argv(theirs.fileno(), os.getpid())
+        subprocess.Popen(argv, pass_fds=[theirs.fileno()])
+        ours.recv(16); ours.sendall(b"{}\\n")
         time.sleep(3600)
     """)
     p = subprocess.Popen([sys.executable, "-c", parent], cwd=tmp_path)

@@ -41,3 +41,9 @@ def test_group_succeeds_only_when_every_rank_did() -> None:
     assert group_verdict({0: S.SUCCEEDED, 1: S.RUNNING}) is GroupVerdict.RUNNING
     assert group_verdict({0: S.SUCCEEDED, 1: S.SUCCEEDED}) is GroupVerdict.SUCCEEDED
     assert group_verdict({}) is GroupVerdict.RUNNING
+
+
+def test_a_group_ended_without_failure_is_stopped() -> None:
+    assert group_verdict({0: S.STOPPED, 1: S.SUCCEEDED}) is GroupVerdict.STOPPED
+    assert group_verdict({0: S.STOPPED, 1: S.UNKILLABLE}) is GroupVerdict.STOPPED
+    assert group_verdict({0: S.STOPPED, 1: S.STOPPING}) is GroupVerdict.RUNNING
