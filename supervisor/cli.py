@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from supervisor import ftconfig
 from supervisor.config import (
     DEFAULT_SIGNALS,
     ConfigError,
@@ -27,6 +28,7 @@ from supervisor.config import (
     parse_ranks_filter,
     parse_signals,
     parse_std,
+    safe_name,
 )
 from supervisor.core.topology import Topology
 from supervisor.process.spawn import Program
@@ -148,6 +150,15 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
         help="let ranks run CPython's full garbage collection at exit (0.4-0.7 s with torch)",
     )
     _opt(f, "--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _opt(
+        f,
+        "--state-dir",
+        default=None,
+        help="where learned timeouts persist (default <log-dir>/<run id>/state)",
+    )
+    _opt(f, "--workers-stop-timeout", type=float, default=None, help=argparse.SUPPRESS)  # ft_launcher's name
+    _opt(f, "--term-timeout", type=float, default=None, help=argparse.SUPPRESS)  # ft_launcher's name
+    ftconfig.add_options(p.add_argument_group("hang detection (nvidia-resiliency-ext --ft-* names)"))
     p.add_argument("training_script", help="the training program (or module with -m)")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
     p.set_defaults(handler=_run, command_parser=p)
@@ -162,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _run_parser(sub)
+    from supervisor import ctl  # noqa: PLC0415 - keeps `run` from importing zmq twice over
+
+    ctl.add_commands(sub)
     return parser
 
 
@@ -251,23 +265,32 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         raise ConfigError(f"--master-port {ns.master_port}: expected 1-65535")
     if ns.standalone and ns.master_port is not None:
         raise ConfigError("--standalone picks its own free port; it contradicts --master-port")
+    try:
+        ft = ftconfig.from_namespace(ns, environ)
+    except ftconfig.FtConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    log_dir = Path(ns.log_dir or "ft-supervisor-logs").absolute()
+    run_id = _run_id(ns)
+    shutdown = ns.workers_stop_timeout if ns.workers_stop_timeout is not None else ns.shutdown_timeout
     return RunConfig(
         program=_program(ns, environ),
         topology=Topology(nproc_per_node=nproc, role=ns.role),
         max_restarts=ns.max_restarts,
-        run_id=_run_id(ns),
+        run_id=run_id,
         master_addr=ns.master_addr or ns.local_addr or "localhost",
         master_port=ns.master_port,
-        log_dir=Path(ns.log_dir or "ft-supervisor-logs").absolute(),
+        log_dir=log_dir,
+        state_dir=Path(ns.state_dir).absolute() if ns.state_dir else log_dir / safe_name(run_id) / "state",
         redirects=parse_std("--redirects", ns.redirects, nproc),
         tee=parse_std("--tee", ns.tee, nproc),
         local_ranks_filter=parse_ranks_filter(ns.local_ranks_filter, nproc),
-        shutdown_timeout=_positive("--shutdown-timeout", ns.shutdown_timeout),
+        shutdown_timeout=_positive("--shutdown-timeout", shutdown),
         kill_timeout=_positive("--kill-timeout", ns.kill_timeout, zero_ok=False),
         stop_signals=parse_signals(ns.signals_to_handle),
         standby=not ns.no_standby and ns.max_restarts > 0,
         virtual_local_rank=ns.virtual_local_rank,
         log_level=ns.log_level,
+        ft=ft,
     )
 
 

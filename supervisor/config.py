@@ -12,10 +12,11 @@ import os
 import re
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from supervisor.core.topology import Topology
+from supervisor.ftconfig import FtConfig
 from supervisor.log import STDERR, STDOUT
 from supervisor.process.spawn import Program
 
@@ -122,6 +123,12 @@ def parse_ranks_filter(value: str, nproc: int) -> frozenset[int] | None:
 TORCH_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
 
 
+def safe_name(name: str) -> str:
+    """A run id as a single, harmless path component."""
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return cleaned.strip(".") or "run"
+
+
 def default_preload(python: str, current: str) -> tuple[str, ...]:
     # Only the rank's interpreter can tell whether torch is there; for our
     # own it costs a stat (importing it in the daemon would cost 200 MB).
@@ -139,6 +146,7 @@ class RunConfig:
     master_addr: str = "localhost"
     master_port: int | None = None  # None: a fresh free port every generation
     log_dir: Path = Path("ft-supervisor-logs")
+    state_dir: Path = Path("ft-supervisor-logs/state")
     redirects: Mapping[int, int] | None = None
     tee: Mapping[int, int] | None = None
     local_ranks_filter: frozenset[int] | None = None
@@ -148,6 +156,7 @@ class RunConfig:
     standby: bool = True
     virtual_local_rank: bool = False
     log_level: str = "info"
+    ft: FtConfig = field(default_factory=FtConfig)
 
     def console_streams(self, local_rank: int) -> tuple[int, ...]:
         """Streams of a local rank shown on the console (torchrun's rules)."""

@@ -20,6 +20,8 @@ import threading
 import time
 from typing import IO, Any
 
+import orjson
+
 STDOUT = 1
 STDERR = 2
 
@@ -64,6 +66,8 @@ class Console:
 
 
 def _format_value(value: object) -> str:
+    if isinstance(value, dict | list | tuple):
+        return orjson.dumps(value).decode()  # compact JSON has no spaces to quote
     text = str(value)
     if not text or any(c.isspace() or c in '"=' for c in text):
         return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'

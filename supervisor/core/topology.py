@@ -21,6 +21,10 @@ ENV_RUN_DIR = ENV_PREFIX + "RUN_DIR"
 # a rank, so the sweeps find a generation's (or a run's) processes even after
 # they left the rank's process group, and never a stranger's.
 ENV_TOKEN = ENV_PREFIX + "TOKEN"
+# where the in-rank client sends, and the timeouts in force (JSON): how the
+# client knows which sections are monitored and what state_dict() returns
+ENV_RANKS_ENDPOINT = ENV_PREFIX + "RANKS_ENDPOINT"
+ENV_TIMEOUTS = ENV_PREFIX + "TIMEOUTS"
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,8 @@ import signal as _signal
 from dataclasses import dataclass
 from enum import StrEnum
 
+from supervisor.core.watch import Hang
+
 
 class Action(StrEnum):
     """What the job needs next. Ordered by severity (see SEVERITY)."""
@@ -33,8 +35,11 @@ class Reason(StrEnum):
     """Machine-readable reason attached to every decision."""
 
     RANK_FAILED = "rank_failed"
+    RANK_HUNG = "rank_hung"
     RESTARTS_EXHAUSTED = "restarts_exhausted"
     RANK_UNKILLABLE = "rank_unkillable"
+    WORKLOAD_REQUEST = "workload_request"
+    OPERATOR_REQUEST = "operator_request"
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,15 +121,18 @@ class RankFailure:
     # failed, to the nanosecond, even if it took a while to exit afterwards
     error_at: float | None = None
     log_tail: tuple[str, ...] = ()  # the last lines of the rank's stderr
+    hang: Hang | None = None  # it was declared hung...
+    hang_at: float | None = None  # ...past this deadline (wall clock)
+    stacks: str = ""  # its threads' Python stacks, dumped before it was killed
 
     @property
     def failed_at(self) -> float:
         """Best estimate of when the rank failed (wall clock)."""
-        if self.error_at is not None:
-            return min(self.error_at, self.exit.at_wall)
-        return self.exit.at_wall
+        return min(t for t in (self.exit.at_wall, self.error_at, self.hang_at) if t is not None)
 
     def summary(self) -> str:
+        if self.hang is not None:
+            return f"hung: {self.hang.describe()}"
         if self.error is not None:
             return self.error.message
         return self.exit.status.describe()

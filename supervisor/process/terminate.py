@@ -20,7 +20,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from supervisor.core.states import RankState
@@ -72,16 +72,20 @@ async def terminate(
     kill_timeout: float,
     force: asyncio.Event | None = None,
     stop_signal: int = signal.SIGTERM,
+    signal_for: Mapping[int, int] | None = None,
     sweep: Sweep | None = None,
     signals: Signaller | None = None,
 ) -> TerminationReport:
+    """``signal_for`` (local rank -> signal) overrides ``stop_signal``: a hung
+    rank gets its termination signal (SIGKILL by default) at once."""
     signals = signals or Signaller()
+    first = signal_for or {}
     started = time.monotonic()
     live = [r for r in ranks if r.returncode is None]
     for r in live:
         r.move_to(RankState.STOPPING)
         signals.group(r.pid, signal.SIGCONT)
-        signals.group(r.pid, stop_signal)
+        signals.group(r.pid, first.get(r.slot.local_rank, stop_signal))
     await _exits(live, grace, force)
 
     survivors = [r for r in live if r.returncode is None]

@@ -1,14 +1,16 @@
 """The daemon: launch generations, watch them, end them, decide, repeat.
 
-The loop gathers evidence (exits, error files, log tails) and applies the
-decisions that ``supervisor.core.policy.decide`` returns. Signals arrive as
-commands on a queue. Every rank, whatever the reason, is ended by the one
-termination procedure in ``supervisor.process.terminate``.
+The loop gathers evidence (exits, hangs, stacks, error files, log tails) and
+applies the decisions ``supervisor.core.policy.decide`` returns. Signals and
+control requests arrive as commands on one queue. Every rank, whatever the
+reason, is ended by the one termination procedure in
+``supervisor.process.terminate``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import resource
@@ -18,25 +20,42 @@ import time
 from collections.abc import Awaitable, Coroutine
 from typing import Any
 
+import orjson
+import zmq
+import zmq.asyncio
+
 from supervisor import log
 from supervisor.config import RunConfig
 from supervisor.core.errorfile import order_failures
-from supervisor.core.policy import Budget, GenerationEnd, decide
+from supervisor.core.learning import learn, observe
+from supervisor.core.policy import Budget, GenerationEnd, WorkloadAsk, decide
 from supervisor.core.states import GroupVerdict, RankState
-from supervisor.core.topology import RunIdentity, master_env, rank_env, token_entry
-from supervisor.core.types import Action, RankFailure, signal_name
+from supervisor.core.topology import (
+    ENV_RANKS_ENDPOINT,
+    ENV_TIMEOUTS,
+    RunIdentity,
+    master_env,
+    rank_env,
+    token_entry,
+)
+from supervisor.core.types import Action, Decision, RankFailure, Reason, signal_name
+from supervisor.core.watch import Hang
 from supervisor.process.evidence import failure_evidence
 from supervisor.process.orphans import OrphanGuard, sweep_generation
 from supervisor.process.ports import free_port
 from supervisor.process.spawn import spawn_rank
+from supervisor.process.stacks import dump_stacks
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller, TerminationReport, terminate
-from supervisor.runtime import signals
+from supervisor.runtime import signals, statefile, status
 from supervisor.runtime.clock import Clock
+from supervisor.runtime.control import ControlServer
 from supervisor.runtime.events import EventLog
 from supervisor.runtime.generation import Generation
+from supervisor.runtime.monitor import Monitor
 from supervisor.runtime.report import render_failure
 from supervisor.runtime.rundir import RunDir
+from supervisor.transport.endpoints import Endpoints, Sockets, bind
 
 EXIT_SUCCESS = 0
 EXIT_FAILED = 1  # torchrun's code for a failed run; classification refines it later
@@ -68,35 +87,41 @@ class Supervisor:
         self._budget = Budget(config.max_restarts)
         self._started_at = self.clock.monotonic()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._state_path = statefile.path_in(config.state_dir)
 
     async def run(self) -> int:
-        rundir = self.rundir
-        self.events = EventLog(rundir.events, self.logger, self.clock, run_id=self.cfg.run_id)
+        self.events = EventLog(self.rundir.events, self.logger, self.clock, run_id=self.cfg.run_id)
+        self.endpoints = Endpoints.create(os.getpid())
+        context = zmq.asyncio.Context()
+        sockets = bind(context, self.endpoints)
+        self.events.publish = lambda topic, line: _publish(sockets, topic, line)
+        self.monitor = self._make_monitor(sockets)
+        control = ControlServer(sockets.control, self._control, self.events)
+        self._control_drops = control.drops
         self.ident = RunIdentity(
             run_id=self.cfg.run_id,
             max_restarts=self.cfg.max_restarts,
             signals_to_handle=self.cfg.signals_to_handle,
-            run_dir=str(rundir.root),
+            run_dir=str(self.rundir.root),
             run_token=self.token,
             virtual_local_rank=self.cfg.virtual_local_rank,
         )
         guard = await OrphanGuard.start(token_entry(self.token))
         handled = signals.install(self._commands, self.cfg.stop_signals)
-        self.events.emit(
-            "run_started",
-            run_dir=str(rundir.root),
-            pid=os.getpid(),
-            nproc_per_node=self.cfg.topology.nproc_per_node,
-            max_restarts=self.cfg.max_restarts,
-            program=self.cfg.program.target,
-            standby=self.cfg.standby,
-            preload=",".join(self.cfg.program.preload) or None,
+        self.endpoints.publish_info(
+            pid=os.getpid(), run_id=self.cfg.run_id, run_dir=str(self.rundir.root), started=time.time()
         )
+        self._announce()
         code = EXIT_FAILED
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
-                background = [tg.create_task(self._dispatch()), tg.create_task(self._tail())]
+                background = [
+                    tg.create_task(self._dispatch()),
+                    tg.create_task(self._tail()),
+                    tg.create_task(self.monitor.run()),
+                    tg.create_task(control.run()),
+                ]
                 try:
                     code = await self._supervise()
                 finally:
@@ -107,7 +132,42 @@ class Supervisor:
             signals.uninstall(handled)
             await guard.close()
             self._finish(code)
+            sockets.close()
+            context.term()
+            self.endpoints.remove()
         return code
+
+    def _make_monitor(self, sockets: Sockets) -> Monitor:
+        learned, problem = statefile.load(self._state_path)
+        if problem is not None:
+            self.events.emit("state_unreadable", logging.WARNING, problem=problem)
+        ranks = [s.rank for s in self.cfg.topology.slots()]
+        configured = self.cfg.ft.timeouts()
+        return Monitor(
+            sockets.ranks,
+            ranks=ranks,
+            configured=configured,
+            learned=learned,
+            clock=self.clock,
+            events=self.events,
+            on_hang=self._on_hang,
+        )
+
+    def _announce(self) -> None:
+        self.events.emit(
+            "run_started",
+            run_dir=str(self.rundir.root),
+            pid=os.getpid(),
+            control=self.endpoints.control,
+            nproc_per_node=self.cfg.topology.nproc_per_node,
+            max_restarts=self.cfg.max_restarts,
+            program=self.cfg.program.target,
+            standby=self.cfg.standby,
+            preload=",".join(self.cfg.program.preload) or None,
+            timeouts=status.timeouts(self.monitor),
+        )
+        if self.cfg.ft.ignored:
+            self.events.emit("settings_ignored", logging.WARNING, settings=list(self.cfg.ft.ignored))
 
     # -- the loop -----------------------------------------------------------------
 
@@ -117,37 +177,63 @@ class Supervisor:
             await self._launch(gen)
             upcoming = self._tg.create_task(self._prepare_standby(gen))
             await self._wait_end(gen)
+            if gen.hangs and self._stop_signal is None:
+                await self._collect_stacks(gen)
             report = await self._end(gen)
             if self._stop_signal is not None:
                 await self._discard(upcoming)
                 return 128 + self._stop_signal
-            if gen.verdict is GroupVerdict.SUCCEEDED:
+            decision = await self._decide(gen, report)
+            if decision is None:
                 await self._discard(upcoming)
                 return EXIT_SUCCESS
-            failures = await self._evidence(gen)
-            end = GenerationEnd(tuple(failures), report.unkillable)
-            decision = decide(end, self._budget, self.clock.monotonic())
-            self.events.emit(
-                "decision",
-                logging.WARNING,
-                generation=gen.number,
-                action=str(decision.action),
-                reason=str(decision.reason),
-                detail=decision.detail,
-            )
             if decision.action is not Action.RESTART:
                 await self._discard(upcoming)
-                self.logger.error("%s", render_failure(end, decision, self.rundir.root))
-                return EXIT_FAILED
-            self._budget = self._budget.spend()
+                return EXIT_SUCCESS if decision.action is Action.CONTINUE else EXIT_FAILED
+            if decision.reason is not Reason.OPERATOR_REQUEST:
+                self._budget = self._budget.spend()
             standby = await upcoming
             gen = standby or await self._prepare(gen.number + 1, standby=False)
+
+    async def _decide(self, gen: Generation, report: TerminationReport) -> Decision | None:
+        """What follows the generation; None when it simply succeeded."""
+        requests = tuple(
+            WorkloadAsk(r.rank, str(r.action), r.reason)
+            for r in self.monitor.requests
+            if r.action != "continue"
+        )
+        if gen.restart_requested and not report.unkillable:
+            decision = Decision(Action.RESTART, Reason.OPERATOR_REQUEST, "restart requested by an operator")
+            end = GenerationEnd(())
+        elif gen.verdict is GroupVerdict.SUCCEEDED and not requests:
+            return None
+        else:
+            end = GenerationEnd(tuple(await self._evidence(gen)), report.unkillable, requests)
+            decision = decide(end, self._budget, self.clock.monotonic())
+        self.events.emit(
+            "decision",
+            logging.WARNING,
+            generation=gen.number,
+            action=str(decision.action),
+            reason=str(decision.reason),
+            detail=decision.detail,
+        )
+        if decision.action in (Action.ABORT, Action.RESCHEDULE):
+            self.logger.error("%s", render_failure(end, decision, self.rundir.root))
+        return decision
 
     async def _prepare(self, number: int, *, standby: bool) -> Generation:
         gen = Generation(number, self.clock, self.events, self._follower.poll)
         for slot in self.cfg.topology.slots():
             await self._spawn_into(gen, slot.local_rank, standby=standby)
         return gen
+
+    def _monitor_env(self) -> dict[str, str]:
+        described = self.monitor.learned.describe(self.monitor.configured)
+        return {
+            ENV_RANKS_ENDPOINT: self.endpoints.ranks,
+            ENV_TIMEOUTS: orjson.dumps(described).decode(),
+        }
 
     async def _spawn_into(self, gen: Generation, local_rank: int, *, standby: bool) -> None:
         slot = self.cfg.topology.slots()[local_rank]
@@ -160,6 +246,7 @@ class Supervisor:
             generation=gen.number,
             error_file=str(files.error_file),
         )
+        env.update(self._monitor_env())
         rank = await spawn_rank(
             self.cfg.program, slot, env, files, now=self.clock.monotonic(), standby=standby
         )
@@ -194,7 +281,8 @@ class Supervisor:
             if rank.state is RankState.FAILED:  # a standby that died while waiting
                 await self._spawn_into(gen, lr, standby=False)
         port = self.cfg.master_port or free_port()
-        late = master_env(self.cfg.master_addr, port)
+        # learned timeouts may have changed since a standby was spawned
+        late = master_env(self.cfg.master_addr, port) | self._monitor_env()
         standby = [lr for lr, r in gen.ranks.items() if r.state is RankState.STANDBY]
         self.events.emit(
             "generation_started",
@@ -203,6 +291,7 @@ class Supervisor:
             master_port=port,
             standby_ranks=len(standby),
         )
+        self.monitor.start_generation(gen.number, {r.slot.rank: r.pid for r in gen.ranks.values()})
         for rank in gen.ranks.values():
             if rank.state is RankState.STANDBY:
                 rank.move_to(RankState.RUNNING)
@@ -217,6 +306,41 @@ class Supervisor:
     async def _wait_end(self, gen: Generation) -> None:
         await _first(gen.ended.wait(), self._stopping.wait())
 
+    def _on_hang(self, hang: Hang) -> None:
+        gen = self._current
+        slot = next((s for s in self.cfg.topology.slots() if s.rank == hang.rank), None)
+        if gen is None or slot is None or gen.ended.is_set():
+            return
+        self.events.emit(
+            "rank_hung",
+            logging.WARNING,
+            generation=gen.number,
+            rank=hang.rank,
+            kind=str(hang.kind),
+            section=hang.section,
+            open_for=round(hang.open_for, 3),
+            timeout=hang.timeout,
+            late_by=round(hang.late_by, 4),
+        )
+        gen.hung(slot.local_rank, hang, self.clock.wall() - hang.late_by)
+
+    async def _collect_stacks(self, gen: Generation) -> None:
+        """Every live rank's stacks (the hung one first) into its log, before the kill."""
+        order = sorted(gen.ranks.values(), key=lambda r: r.slot.local_rank not in gen.hangs)
+        for rank in order:
+            signum = self.monitor.stack_signals.get(rank.slot.rank)
+            if signum is None or rank.returncode is not None:
+                continue
+            text = await dump_stacks(rank.pid, signum, rank.files.stderr, self.cfg.ft.stack_dump_timeout)
+            gen.stacks[rank.slot.local_rank] = text
+            self.events.emit(
+                "stacks_dumped",
+                generation=gen.number,
+                rank=rank.slot.rank,
+                lines=text.count("\n"),
+                log=str(rank.files.stderr),
+            )
+
     async def _end(self, gen: Generation) -> TerminationReport:
         stop_signal: int = signal.SIGTERM
         if self._stop_signal is not None:
@@ -229,10 +353,12 @@ class Supervisor:
             kill_timeout=self.cfg.kill_timeout,
             force=self._force,
             stop_signal=stop_signal,
+            signal_for=dict.fromkeys(gen.hangs, self.cfg.ft.rank_termination_signal),
             sweep=lambda: sweep_generation(entry),
             signals=self._signaller,
         )
         self._follower.finish()
+        self._learn(gen)
         if report.unkillable:
             self.events.emit(
                 "rank_unkillable",
@@ -253,6 +379,21 @@ class Supervisor:
         )
         return report
 
+    def _learn(self, gen: Generation) -> None:
+        watches = self.monitor.end_generation()
+        if not self.cfg.ft.learn_timeouts or not watches:
+            return
+        old = self.monitor.learned
+        new = learn(old, observe(watches), self.cfg.ft.safety_factor)
+        if new == old:
+            return
+        self.monitor.set_learned(new)
+        try:
+            statefile.save(self._state_path, new, run_id=self.cfg.run_id, generation=gen.number)
+        except OSError as exc:
+            self.events.emit("state_unwritable", logging.WARNING, path=str(self._state_path), error=str(exc))
+        self.events.emit("timeouts_learned", generation=gen.number, learned=new.to_json())
+
     async def _discard(self, upcoming: asyncio.Task[Generation | None]) -> None:
         """Stop standby ranks that will never get their go, and forget their files."""
         gen = await upcoming
@@ -270,7 +411,7 @@ class Supervisor:
         self.rundir.forget_generation(gen.number)
 
     async def _evidence(self, gen: Generation) -> list[RankFailure]:
-        """Every rank that failed on its own, the root cause first.
+        """Every rank that failed on its own or hung, the root cause first.
 
         That includes ranks we stopped: one may have raised (and written its
         error file) first, then been slow to exit while a peer failed because
@@ -282,14 +423,25 @@ class Supervisor:
             if state not in (RankState.FAILED, RankState.STOPPED):
                 continue
             failure = await failure_evidence(exit, gen.ranks[lr].files)
+            hang, hang_at = gen.hangs.get(lr, (None, None))
             failed_first = failure.error_at is not None and (
                 gen.stop_wall is None or failure.error_at < gen.stop_wall
             )
-            if state is RankState.FAILED or failed_first:
-                failures.append(failure)
+            if state is RankState.FAILED or failed_first or hang is not None:
+                failures.append(
+                    RankFailure(
+                        exit=failure.exit,
+                        error=failure.error,
+                        error_at=failure.error_at,
+                        log_tail=failure.log_tail,
+                        hang=hang,
+                        hang_at=hang_at,
+                        stacks=gen.stacks.get(lr, ""),
+                    )
+                )
         return order_failures(failures)
 
-    # -- background tasks -----------------------------------------------------------
+    # -- commands: signals and the control endpoint ------------------------------------
 
     async def _dispatch(self) -> None:
         while True:
@@ -297,7 +449,7 @@ class Supervisor:
             if isinstance(command, signals.Stop):
                 self._on_stop(command.signum)
             else:
-                self._dump_status()
+                self.events.emit("status", **self._status())
 
     def _on_stop(self, signum: int) -> None:
         if self._stop_signal is None:
@@ -308,21 +460,37 @@ class Supervisor:
             self.events.emit("stop_forced", signal=signal_name(signum))
             self._force.set()
 
-    def _dump_status(self) -> None:
+    def _control(self, command: str) -> Any:
+        if command == "stop":
+            self._commands.put_nowait(signals.Stop(signal.SIGTERM))
+            return {"stopping": True}
+        if command == "restart":
+            gen = self._current
+            if gen is None or gen.ended.is_set():
+                raise RuntimeError("no running generation to restart")
+            self.events.emit("restart_requested", generation=gen.number)
+            gen.request_restart()
+            return {"restarting": gen.number}
+        return self._status()
+
+    def _status(self) -> dict[str, Any]:
         gen = self._current
-        self.events.emit(
-            "status",
-            generation=None if gen is None else gen.number,
-            uptime_s=round(self.clock.monotonic() - self._started_at, 3),
-            restarts_used=self._budget.used,
-            max_restarts=self._budget.max_restarts,
-            ranks=[]
-            if gen is None
-            else [
-                {"rank": r.slot.rank, "local_rank": lr, "pid": r.pid, "state": str(r.state)}
-                for lr, r in gen.ranks.items()
-            ],
-        )
+        now = self.clock.monotonic()
+        return {
+            "run_id": self.cfg.run_id,
+            "run_dir": str(self.rundir.root),
+            "pid": os.getpid(),
+            "generation": None if gen is None else gen.number,
+            "uptime_s": round(now - self._started_at, 3),
+            "restarts_used": self._budget.used,
+            "max_restarts": self._budget.max_restarts,
+            "ranks": status.ranks(gen, self.monitor, now),
+            "timeouts": status.timeouts(self.monitor),
+            "received": self.monitor.received,
+            "dropped": status.dropped(self.monitor, {str(k): v for k, v in self._control_drops.items()}),
+        }
+
+    # -- background tasks -----------------------------------------------------------
 
     async def _tail(self) -> None:
         while True:
@@ -346,7 +514,14 @@ class Supervisor:
             daemon_cpu_s=round(usage.ru_utime + usage.ru_stime, 3),
             run_dir=str(self.rundir.root),
         )
+        self.events.publish = None
         self.events.close()
+
+
+def _publish(sockets: Sockets, topic: bytes, line: bytes) -> None:
+    # PUB drops for slow subscribers; the event log has everything
+    with contextlib.suppress(zmq.ZMQError):
+        sockets.events.send_multipart([topic, line], zmq.NOBLOCK)
 
 
 async def _first(*aws: Awaitable[Any]) -> asyncio.Future[Any]:

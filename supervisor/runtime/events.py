@@ -1,15 +1,16 @@
 """The event log: one JSON line per lifecycle event, one file per run.
 
 Each event is appended with a single write(2) on an O_APPEND descriptor before
-the daemon acts on it, so the file is complete up to the instant the daemon
-died, even by SIGKILL. A page-cache append costs microseconds; a thread hop
-would cost more and could reorder events.
+the daemon acts on it (and published on the events socket), so the file is
+complete up to the instant the daemon died, even by SIGKILL. A page-cache
+append costs microseconds; a thread hop would cost more and could reorder events.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ class EventLog:
         self._logger = logger
         self._clock = clock
         self._common = common
+        # also sends each event to live subscribers (the events socket), topic = name
+        self.publish: Callable[[bytes, bytes], None] | None = None
 
     def emit(self, event: str, level: int = logging.INFO, **fields: Any) -> None:
         record = {
@@ -34,7 +37,10 @@ class EventLog:
             **self._common,
             **fields,
         }
-        os.write(self._fd, orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS) + b"\n")
+        line = orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS)
+        os.write(self._fd, line + b"\n")
+        if self.publish is not None:
+            self.publish(event.encode(), line)
         self._logger.log(level, event, extra={"fields": fields})
 
     def close(self) -> None:

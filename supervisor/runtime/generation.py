@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from supervisor.core.states import GroupVerdict, RankState, group_verdict
 from supervisor.core.types import ExitStatus, RankExit
+from supervisor.core.watch import Hang
 from supervisor.process.spawn import RankProcess
 from supervisor.runtime.clock import Clock
 from supervisor.runtime.events import EventLog
@@ -32,6 +33,9 @@ class Generation:
         self.number = number
         self.ranks: dict[int, RankProcess] = {}
         self.exits: dict[int, RankExit] = {}
+        self.hangs: dict[int, tuple[Hang, float]] = {}  # local rank -> hang, wall time of its deadline
+        self.stacks: dict[int, str] = {}  # local rank -> its dumped stacks
+        self.restart_requested = False  # by an operator (ft-supervisor restart)
         # wall-clock time the termination procedure began: anything a rank
         # recorded before then, it did on its own
         self.stop_wall: float | None = None
@@ -44,6 +48,8 @@ class Generation:
 
     @property
     def verdict(self) -> GroupVerdict:
+        if self.hangs:  # a hung rank was stopped by us, but the generation failed
+            return GroupVerdict.FAILED
         return group_verdict({lr: r.state for lr, r in self.ranks.items()})
 
     def add(self, rank: RankProcess) -> None:
@@ -53,6 +59,15 @@ class Generation:
     def start(self) -> None:
         self.started = True
         self._settle()
+
+    def hung(self, local_rank: int, hang: Hang, deadline_wall: float) -> None:
+        """A rank missed a deadline: the generation is over."""
+        self.hangs.setdefault(local_rank, (hang, deadline_wall))
+        self.ended.set()
+
+    def request_restart(self) -> None:
+        self.restart_requested = True
+        self.ended.set()
 
     async def watch(self, rank: RankProcess) -> None:
         """Wait for the rank to exit, then record how (a child watcher, no polling)."""

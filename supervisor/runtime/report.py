@@ -22,6 +22,9 @@ def _who(failure: RankFailure) -> str:
 
 
 def _detail_lines(failure: RankFailure) -> list[str]:
+    if failure.stacks:
+        lines = failure.stacks.rstrip().splitlines()
+        return [f"{INDENT}stacks:"] + [INDENT * 2 + ln for ln in lines[-TRACE_LINES * 2 :]]
     if failure.error is not None and failure.error.traceback:
         lines = failure.error.traceback.rstrip().splitlines()
         source = "error file"

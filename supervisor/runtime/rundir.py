@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from supervisor.config import safe_name
 from supervisor.process.spawn import RankFiles
 
 
@@ -26,7 +27,7 @@ class RunDir:
     def create(cls, log_dir: Path, run_id: str, pid: int, wall: float) -> RunDir:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(wall))
         name = f"{stamp}-{socket.gethostname()}-{pid}"
-        root = log_dir / _safe(run_id) / name
+        root = log_dir / safe_name(run_id) / name
         root.mkdir(parents=True, exist_ok=False)
         return cls(root)
 
@@ -43,8 +44,3 @@ class RunDir:
     def forget_generation(self, number: int) -> None:
         """Remove the files of a generation that never started (unused standbys)."""
         shutil.rmtree(self.generation(number), ignore_errors=True)
-
-
-def _safe(name: str) -> str:
-    cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-    return cleaned.strip(".") or "run"

@@ -1,0 +1,204 @@
+"""What the daemon knows about a live rank, and when that rank counts as hung.
+
+Semantics follow nvidia-resiliency-ext's fault-tolerance package:
+
+* heartbeats: ``initial_heartbeat`` bounds the time from the client's hello to its
+  first heartbeat, ``heartbeat`` the gap between two heartbeats;
+* sections: a monitored section (its name is in ``sections``) may stay open for
+  its timeout (None: monitored, no timeout until one is learned); sections may
+  overlap, not repeat;
+* out of section: while no monitored section is open, ``out_of_section`` bounds
+  the time since the last one closed (or since the hello). A workload that uses
+  sections is not held to it until it has opened ``step`` once: setup and
+  warm-up run outside sections;
+* warm-up: the first ``warmup_iterations`` openings of ``step`` in a generation
+  are not held to the ``step`` timeout (a ``warmup`` pseudo-section timeout
+  applies to them instead, when configured).
+
+Everything here is pure: time comes in as ``now``. The daemon asks for the next
+deadline after each message and arms one timer for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+STEP = "step"
+WARMUP = "warmup"
+
+
+class HangKind(StrEnum):
+    INITIAL_HEARTBEAT = "initial_heartbeat"
+    HEARTBEAT = "heartbeat"
+    SECTION = "section"
+    OUT_OF_SECTION = "out_of_section"
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Seconds; None means no timeout. ``sections`` lists the monitored names."""
+
+    initial_heartbeat: float | None = None
+    heartbeat: float | None = None
+    sections: Mapping[str, float | None] = field(default_factory=dict)
+    out_of_section: float | None = None
+    warmup_iterations: int = 0
+
+    def monitors(self, section: str) -> bool:
+        return section in self.sections
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    at: float
+    kind: HangKind
+    since: float  # when the watched interval began
+    timeout: float
+    section: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Hang:
+    """A rank missed a deadline: which one, and by how much."""
+
+    rank: int
+    kind: HangKind
+    section: str | None
+    timeout: float
+    open_for: float  # how long the interval had lasted when it was noticed
+    late_by: float  # noticed this long after the deadline
+
+    def describe(self) -> str:
+        what = {
+            HangKind.INITIAL_HEARTBEAT: "no first heartbeat",
+            HangKind.HEARTBEAT: "no heartbeat",
+            HangKind.SECTION: f"section {self.section!r} open",
+            HangKind.OUT_OF_SECTION: "outside any section",
+        }[self.kind]
+        return f"rank {self.rank}: {what} for {self.open_for:.3f} s (timeout {self.timeout:g} s)"
+
+
+@dataclass
+class RankWatch:
+    """One rank's monitored activity in one generation, and what was observed of it."""
+
+    rank: int
+    started: float  # the client's hello
+    last_heartbeat: float | None = None
+    open_sections: dict[str, float] = field(default_factory=dict)
+    out_of_section_since: float | None = None
+    step_opens: int = 0
+    iteration: int | None = None
+    checkpoint_loaded: bool = False
+    checkpoint_saved: bool = False
+    # observed maxima, for learned timeouts
+    first_heartbeat_delay: float | None = None
+    max_heartbeat_gap: float = 0.0
+    heartbeat_gaps: int = 0
+    section_max: dict[str, float] = field(default_factory=dict)
+    section_count: dict[str, int] = field(default_factory=dict)
+    max_out_of_section: float = 0.0
+    timed_steps: int = 0  # step sections closed outside warm-up
+
+    def __post_init__(self) -> None:
+        if self.out_of_section_since is None:
+            self.out_of_section_since = self.started
+
+    # -- what the rank says -------------------------------------------------------------
+
+    def heartbeat(self, now: float) -> None:
+        if self.last_heartbeat is None:
+            self.first_heartbeat_delay = now - self.started
+        else:
+            self.max_heartbeat_gap = max(self.max_heartbeat_gap, now - self.last_heartbeat)
+            self.heartbeat_gaps += 1
+        self.last_heartbeat = now
+
+    def open_section(self, name: str, now: float) -> bool:
+        """False when ``name`` is already open (the old opening stands)."""
+        if name in self.open_sections:
+            return False
+        if not self.open_sections and self.out_of_section_since is not None:
+            self.max_out_of_section = max(self.max_out_of_section, now - self.out_of_section_since)
+            self.out_of_section_since = None
+        self.open_sections[name] = now
+        if name == STEP:
+            self.step_opens += 1
+        return True
+
+    def close_section(self, name: str, now: float, timeouts: Timeouts) -> bool:
+        """False when ``name`` was not open."""
+        opened = self.open_sections.pop(name, None)
+        if opened is None:
+            return False
+        duration = now - opened
+        if name == STEP and self.in_warmup(timeouts):
+            pass  # warm-up steps are slow on purpose: they teach nothing about `step`
+        else:
+            self.section_max[name] = max(self.section_max.get(name, 0.0), duration)
+            self.section_count[name] = self.section_count.get(name, 0) + 1
+            if name == STEP:
+                self.timed_steps += 1
+        if not self.open_sections:
+            self.out_of_section_since = now
+        return True
+
+    def close_all(self, now: float, timeouts: Timeouts) -> None:
+        for name in list(self.open_sections):
+            self.close_section(name, now, timeouts)
+
+    def in_warmup(self, timeouts: Timeouts) -> bool:
+        return self.step_opens <= timeouts.warmup_iterations
+
+    # -- deadlines --------------------------------------------------------------------
+
+    def deadline(self, timeouts: Timeouts) -> Deadline | None:
+        """The earliest deadline this rank must meet next, or None."""
+        candidates = [d for d in self._deadlines(timeouts) if d is not None]
+        return min(candidates, key=lambda d: d.at) if candidates else None
+
+    def _deadlines(self, t: Timeouts) -> list[Deadline | None]:
+        found: list[Deadline | None] = [self._heartbeat_deadline(t), self._out_of_section_deadline(t)]
+        for name, opened in self.open_sections.items():
+            timeout = self._section_timeout(name, t)
+            if timeout is not None:
+                found.append(Deadline(opened + timeout, HangKind.SECTION, opened, timeout, name))
+        return found
+
+    def _heartbeat_deadline(self, t: Timeouts) -> Deadline | None:
+        if self.last_heartbeat is None:
+            if t.initial_heartbeat is None:
+                return None
+            return Deadline(
+                self.started + t.initial_heartbeat,
+                HangKind.INITIAL_HEARTBEAT,
+                self.started,
+                t.initial_heartbeat,
+            )
+        if t.heartbeat is None:
+            return None
+        return Deadline(
+            self.last_heartbeat + t.heartbeat, HangKind.HEARTBEAT, self.last_heartbeat, t.heartbeat
+        )
+
+    def _section_timeout(self, name: str, t: Timeouts) -> float | None:
+        if name == STEP and self.in_warmup(t):
+            return t.sections.get(WARMUP)
+        return t.sections.get(name)
+
+    def _out_of_section_deadline(self, t: Timeouts) -> Deadline | None:
+        if t.out_of_section is None or self.open_sections or self.out_of_section_since is None:
+            return None
+        if t.sections and self.step_opens == 0:
+            return None  # setup and warm-up come first, outside sections
+        since = self.out_of_section_since
+        return Deadline(since + t.out_of_section, HangKind.OUT_OF_SECTION, since, t.out_of_section)
+
+    def expired(self, timeouts: Timeouts, now: float) -> Hang | None:
+        """The hang, if the earliest deadline has passed by ``now``."""
+        d = self.deadline(timeouts)
+        if d is None or now < d.at:
+            return None
+        return Hang(self.rank, d.kind, d.section, d.timeout, now - d.since, now - d.at)

@@ -1,0 +1,181 @@
+"""Operator commands that talk to a running daemon: status, events, stop, restart.
+
+The daemon is found through the ``daemon.json`` it publishes in its private
+run directory (``--pid`` or ``--run-id`` pick one when several run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import zmq
+
+from supervisor.log import format_fields
+from supervisor.transport.endpoints import running_daemons
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+
+class CtlError(RuntimeError):
+    pass
+
+
+def add_commands(sub: Any) -> None:
+    for name, summary in (
+        ("status", "show the ranks, their sections and heartbeats, and the timeouts in force"),
+        ("events", "print the daemon's events (--follow: keep printing them as they happen)"),
+        ("stop", "stop the run gracefully, like SIGTERM"),
+        ("restart", "end the current generation and start the next (not counted as a failure)"),
+    ):
+        p = sub.add_parser(name, help=summary, description=summary)
+        p.add_argument("--pid", type=int, default=None, help="the daemon's pid")
+        p.add_argument("--run-id", default=None, help="the daemon's run id")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the daemon")
+        if name == "events":
+            p.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
+        p.set_defaults(handler=_main, command=name)
+
+
+def _main(ns: argparse.Namespace) -> int:
+    try:
+        daemon = find_daemon(ns.pid, ns.run_id)
+        if ns.command == "events":
+            return _events(daemon, ns)
+        data = request(daemon, ns.command, ns.timeout)
+    except CtlError as exc:
+        print(f"ft-supervisor {ns.command}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if ns.json:
+        print(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+    elif ns.command == "status":
+        print(render_status(data))
+    else:
+        print(f"ft-supervisor {ns.command}: {format_fields(data)}")
+    return EXIT_OK
+
+
+def find_daemon(pid: int | None, run_id: str | None) -> dict[str, Any]:
+    daemons = [
+        d
+        for d in running_daemons()
+        if (pid is None or d.get("pid") == pid) and (run_id is None or d.get("run_id") == run_id)
+    ]
+    if not daemons:
+        raise CtlError("no running ft-supervisor daemon found" + (" matching that" if pid or run_id else ""))
+    if len(daemons) > 1:
+        listed = ", ".join(f"pid {d['pid']} (run {d.get('run_id')})" for d in daemons)
+        raise CtlError(f"several daemons run ({listed}): pick one with --pid or --run-id")
+    return daemons[0]
+
+
+def request(daemon: dict[str, Any], command: str, timeout: float) -> Any:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(f"ipc://{Path(daemon['dir']) / 'control.sock'}")
+        request_id = uuid.uuid4().hex
+        sock.send(orjson.dumps({"v": 1, "type": command, "id": request_id}))
+        if not sock.poll(int(timeout * 1000)):
+            raise CtlError(f"daemon pid {daemon['pid']} did not answer within {timeout:g} s")
+        reply = orjson.loads(sock.recv())
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+    if not reply.get("ok"):
+        raise CtlError(str(reply.get("error")))
+    return reply.get("data")
+
+
+def _events(daemon: dict[str, Any], ns: argparse.Namespace) -> int:
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    try:
+        # subscribe first, then print the log: nothing falls between the two
+        sub.connect(f"ipc://{Path(daemon['dir']) / 'events.sock'}")
+        last = 0.0
+        log = Path(daemon["run_dir"]) / "events.jsonl"
+        for line in log.read_bytes().splitlines() if log.exists() else []:
+            last = _print_event(line, ns.json, last)
+        while ns.follow:
+            if sub.poll(1000):
+                _, line = sub.recv_multipart()
+                last = _print_event(line, ns.json, last)
+            elif not _alive(daemon):
+                break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sub.close(linger=0)
+        ctx.term()
+    return EXIT_OK
+
+
+def _alive(daemon: dict[str, Any]) -> bool:
+    return any(d.get("pid") == daemon.get("pid") for d in running_daemons())
+
+
+def _print_event(line: bytes, as_json: bool, last: float) -> float:
+    try:
+        event = orjson.loads(line)
+        mono = float(event.get("t_mono", 0.0))
+    except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
+        return last
+    if mono <= last:
+        return last  # already printed from the log
+    if as_json:
+        print(line.decode(), flush=True)
+    else:
+        stamp = time.strftime("%H:%M:%S", time.localtime(event.get("t_wall", 0)))
+        fields = {k: v for k, v in event.items() if k not in ("event", "t_wall", "t_mono", "run_id")}
+        print(f"{stamp} {event.get('event')} {format_fields(fields)}", flush=True)
+    return mono
+
+
+def _age(seconds: object) -> str:
+    return "-" if seconds is None else f"{float(seconds):.1f}s"  # type: ignore[arg-type]
+
+
+def render_status(s: dict[str, Any]) -> str:
+    lines = [
+        f"run {s['run_id']}  pid {s['pid']}  generation {s['generation']}  "
+        f"restarts {s['restarts_used']}/{s['max_restarts']}  up {s['uptime_s']:.0f}s",
+        f"{'RANK':>4} {'LOCAL':>5} {'PID':>8} {'STATE':<10} {'ITER':>7} "
+        f"{'SECTIONS (open for)':<28} {'HEARTBEAT':>9}",
+    ]
+    for r in s["ranks"]:
+        sections = ", ".join(f"{n} {_age(a)}" for n, a in (r.get("sections") or {}).items()) or "-"
+        iteration = "-" if r.get("iteration") is None else str(r["iteration"])
+        lines.append(
+            f"{r['rank']:>4} {r['local_rank']:>5} {r['pid']:>8} {r['state']:<10} {iteration:>7} "
+            f"{sections:<28} {_age(r.get('heartbeat_age')):>9}"
+        )
+    t = s.get("timeouts") or {}
+    learned = t.get("learned") or {}
+    lines.append(
+        "timeouts: "
+        + format_fields(
+            {
+                "initial_heartbeat": t.get("initial_heartbeat"),
+                "heartbeat": t.get("heartbeat"),
+                "sections": t.get("sections") or None,
+                "out_of_section": t.get("out_of_section"),
+            }
+        )
+    )
+    if any(v for v in learned.values()):
+        lines.append("learned:  " + format_fields({k: v for k, v in learned.items() if v}))
+    if s.get("dropped"):
+        lines.append("dropped messages: " + format_fields(s["dropped"]))
+    lines.append(f"run dir: {s['run_dir']}")
+    return "\n".join(lines)

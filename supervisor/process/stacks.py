@@ -1,0 +1,53 @@
+"""Ask a rank for the Python stacks of all its threads before it is killed.
+
+The in-rank client registers ``faulthandler`` on a signal and announces it. The
+dump is written by the signal handler itself (async-signal-safe C, no GIL
+needed), straight into the rank's stderr log, so it lands in the rank's own log
+even if the daemon is gone a moment later. A stopped rank gets SIGCONT, or the
+signal would wait. The daemon reads back what was appended, bounded in time: a
+rank stuck in the kernel never answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+QUIET = 0.05  # the dump is complete once the log has not grown for this long
+MAX_DUMP = 256 * 1024
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+async def dump_stacks(pid: int, signum: int, log: Path, timeout: float) -> str:
+    """Signal ``pid`` for a stack dump; return what it appended to ``log``."""
+    before = _size(log)
+    try:
+        os.kill(pid, signum)
+        os.kill(pid, signal.SIGCONT)
+    except (ProcessLookupError, PermissionError):
+        return ""
+    deadline = time.monotonic() + timeout
+    size, changed = before, time.monotonic()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+        now_size = _size(log)
+        if now_size != size:
+            size, changed = now_size, time.monotonic()
+        elif size > before and time.monotonic() - changed >= QUIET:
+            break
+    if size <= before:
+        return ""
+    with contextlib.suppress(OSError), log.open("rb") as f:
+        f.seek(before)
+        return f.read(min(size - before, MAX_DUMP)).decode(errors="replace")
+    return ""

@@ -1,0 +1,236 @@
+"""The daemon's eyes inside the ranks: their messages, their deadlines, their hangs.
+
+One ``RankWatch`` per rank of the current generation and one timer per rank,
+armed at that rank's next deadline. A heartbeat only ever moves a deadline
+later, so the timer is left alone and re-armed when it fires early; a timer is
+re-armed at once only when a deadline moves earlier (a section opened). A hang
+is thus seen within a millisecond or so of its deadline, at no polling cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+
+from supervisor.core.learning import Learned
+from supervisor.core.watch import Hang, RankWatch, Timeouts
+from supervisor.runtime.clock import Clock
+from supervisor.runtime.events import EventLog
+from supervisor.transport import schema
+from supervisor.transport.schema import Dropped, DropReason
+
+DRAIN = 256  # messages handled per wake-up before yielding to the loop
+
+
+@dataclass
+class _Timer:
+    handle: asyncio.TimerHandle
+    at: float
+
+
+class Monitor:
+    def __init__(
+        self,
+        sock: zmq.asyncio.Socket,
+        *,
+        ranks: Collection[int],
+        configured: Timeouts,
+        learned: Learned,
+        clock: Clock,
+        events: EventLog,
+        on_hang: Callable[[Hang], None],
+    ) -> None:
+        self._sock = sock
+        # the same socket, without asyncio: draining what is queued needs no wake-up
+        self._sync: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
+        self._ranks = frozenset(ranks)
+        self.configured = configured
+        self.learned = learned
+        self.timeouts = learned.over(configured)
+        self._clock = clock
+        self._events = events
+        self._on_hang = on_hang
+        self.generation: int | None = None
+        self.watches: dict[int, RankWatch] = {}
+        self.stack_signals: dict[int, int] = {}  # rank -> signal its client dumps stacks on
+        self.pids: dict[int, int] = {}
+        self.requests: list[schema.WorkloadRequest] = []
+        self.drops: Counter[DropReason] = Counter()
+        self.received = 0
+        self._timers: dict[int, _Timer] = {}
+        self._hung: set[int] = set()
+
+    # -- generations ----------------------------------------------------------------
+
+    def start_generation(self, number: int, pids: dict[int, int]) -> None:
+        self._cancel_timers()
+        self.generation = number
+        self.watches = {}
+        self.stack_signals = {}
+        self.pids = dict(pids)
+        self.requests = []
+        self._hung = set()
+
+    def end_generation(self) -> list[RankWatch]:
+        """Stop watching; what was observed, for learning."""
+        self._cancel_timers()
+        self.generation = None
+        return list(self.watches.values())
+
+    def set_learned(self, learned: Learned) -> None:
+        self.learned = learned
+        self.timeouts = learned.over(self.configured)
+        now = self._clock.monotonic()
+        for rank in self.watches:
+            self._cancel(rank)
+            self._arm(rank, now)
+
+    # -- receiving ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            frames = await self._sock.recv_multipart()
+            self._receive(frames)
+            for _ in range(DRAIN):  # drain what queued meanwhile without a wake-up each
+                try:
+                    frames = self._sync.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._receive(frames)
+
+    def _receive(self, frames: list[bytes]) -> None:
+        self.received += 1
+        try:
+            message = self._admit(frames)
+        except Dropped as dropped:
+            self._drop(dropped)
+            return
+        self.handle(message, self._clock.monotonic())
+
+    def _admit(self, frames: list[bytes]) -> schema.RankMessage:
+        if len(frames) != 2:
+            raise Dropped(DropReason.MALFORMED, f"{len(frames)} frames")
+        m = schema.decode_rank_message(frames[1])
+        if m.rank not in self._ranks:
+            raise Dropped(DropReason.UNKNOWN_RANK, f"rank {m.rank}")
+        if m.gen != self.generation:
+            raise Dropped(DropReason.STALE_GENERATION, f"generation {m.gen}, now {self.generation}")
+        return m
+
+    def _drop(self, dropped: Dropped) -> None:
+        self.drops[dropped.reason] += 1
+        if self.drops[dropped.reason] == 1:  # once per reason; the rest are counted
+            self._events.emit(
+                "message_dropped", logging.WARNING, reason=str(dropped.reason), detail=dropped.detail
+            )
+
+    # -- what the ranks say -------------------------------------------------------------
+
+    def handle(self, m: schema.RankMessage, now: float) -> None:
+        watch = self.watches.get(m.rank)
+        if watch is None:
+            watch = self.watches[m.rank] = RankWatch(m.rank, started=now)
+        match m:
+            case schema.Heartbeat():
+                watch.heartbeat(now)
+            case schema.Section():
+                self._section(watch, m, now)
+            case schema.Iteration(iteration=n):
+                watch.iteration = n
+            case schema.Checkpoint(event="loaded"):
+                watch.checkpoint_loaded = True
+            case schema.Checkpoint(event="saved"):
+                watch.checkpoint_saved = True
+            case schema.Hello():
+                self._hello(m, watch)
+            case schema.LoadTimeouts(timeouts=raw):
+                self._load_timeouts(m.rank, raw)
+            case schema.WorkloadRequest():
+                self.requests.append(m)
+                self._events.emit(
+                    "workload_request",
+                    logging.WARNING,
+                    generation=self.generation,
+                    rank=m.rank,
+                    action=str(m.action),
+                    reason=m.reason,
+                )
+            case schema.Bye():
+                self._cancel(m.rank)
+                self.watches.pop(m.rank, None)
+                return
+        self._arm(m.rank, now)
+
+    def _section(self, watch: RankWatch, m: schema.Section, now: float) -> None:
+        if m.op is schema.SectionOp.CLOSE_ALL:
+            watch.close_all(now, self.timeouts)
+        elif m.name is not None and m.op is schema.SectionOp.OPEN:
+            watch.open_section(m.name, now)
+        elif m.name is not None:
+            watch.close_section(m.name, now, self.timeouts)
+        if m.iteration is not None:
+            watch.iteration = m.iteration
+
+    def _hello(self, m: schema.Hello, watch: RankWatch) -> None:
+        # a rank's forked children may init the client too: only the rank's
+        # own process may be signalled for its stacks
+        if m.pid == self.pids.get(m.rank) and m.stack_signal is not None:
+            self.stack_signals[m.rank] = m.stack_signal
+        self._events.emit(
+            "rank_connected",
+            logging.DEBUG,
+            generation=self.generation,
+            rank=m.rank,
+            pid=m.pid,
+            stack_dumps=m.stack_signal is not None,
+        )
+
+    def _load_timeouts(self, rank: int, raw: dict[str, object]) -> None:
+        restored = Learned.from_json(raw)
+        if restored == Learned() or restored == self.learned:
+            return
+        self._events.emit("timeouts_restored", rank=rank, timeouts=restored.to_json())
+        self.set_learned(restored)
+
+    # -- deadlines ------------------------------------------------------------------
+
+    def _arm(self, rank: int, now: float) -> None:
+        if rank in self._hung:
+            return
+        deadline = self.watches[rank].deadline(self.timeouts)
+        current = self._timers.get(rank)
+        if deadline is None:
+            self._cancel(rank)
+        elif current is None or deadline.at < current.at:
+            self._cancel(rank)
+            loop = asyncio.get_running_loop()
+            handle = loop.call_later(max(0.0, deadline.at - now), self._fire, rank)
+            self._timers[rank] = _Timer(handle, deadline.at)
+
+    def _fire(self, rank: int) -> None:
+        self._timers.pop(rank, None)
+        watch = self.watches.get(rank)
+        if watch is None or self.generation is None:
+            return
+        now = self._clock.monotonic()
+        hang = watch.expired(self.timeouts, now)
+        if hang is None:
+            self._arm(rank, now)  # early (a heartbeat moved it): wait for the new deadline
+            return
+        self._hung.add(rank)
+        self._on_hang(hang)
+
+    def _cancel(self, rank: int) -> None:
+        timer = self._timers.pop(rank, None)
+        if timer is not None:
+            timer.handle.cancel()
+
+    def _cancel_timers(self) -> None:
+        for rank in list(self._timers):
+            self._cancel(rank)

@@ -1,0 +1,1 @@
+"""ZeroMQ endpoints and the versioned message schema."""

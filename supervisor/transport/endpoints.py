@@ -1,0 +1,137 @@
+"""Where the daemon listens: ipc:// sockets in a private directory.
+
+    <base>/<daemon pid>/          mode 0700: only this user can connect
+        ranks.sock                ROUTER: messages from the ranks' clients
+        control.sock              ROUTER: requests from ``ft-supervisor status|stop|restart``
+        events.sock               PUB: every event, topic = event name
+        daemon.json               who listens here (pid, run id, run dir), for discovery
+
+<base> is $XDG_RUNTIME_DIR/ft-supervisor, else /tmp/ft-supervisor-<uid>. The
+directory mode is the access control: ipc sockets are files, and nobody else
+can reach into a 0700 directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import zmq
+import zmq.asyncio
+
+from supervisor.transport.schema import MAX_MESSAGE
+
+# zmq refuses (and disconnects) a peer that sends more than this: a hard cap on
+# what one message can make the daemon allocate. Between MAX_MESSAGE and this,
+# messages are received, counted as oversized and dropped.
+HARD_CAP = 4 * MAX_MESSAGE
+RCV_HWM = 100_000
+
+
+class EndpointError(RuntimeError):
+    pass
+
+
+def base_dir(environ: dict[str, str] | None = None) -> Path:
+    env = environ if environ is not None else dict(os.environ)
+    xdg = env.get("XDG_RUNTIME_DIR")
+    if xdg and os.access(xdg, os.W_OK | os.X_OK):
+        return Path(xdg) / "ft-supervisor"
+    return Path(tempfile.gettempdir()) / f"ft-supervisor-{os.getuid()}"
+
+
+def _private_dir(path: Path) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise EndpointError(f"{path} is not a directory owned by this user")
+    if info.st_mode & 0o077:
+        path.chmod(0o700)
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoints:
+    dir: Path
+
+    @classmethod
+    def create(cls, pid: int, environ: dict[str, str] | None = None) -> Endpoints:
+        base = base_dir(environ)
+        _private_dir(base)
+        here = base / str(pid)
+        if here.exists():  # a dead daemon's leftovers under a recycled pid
+            shutil.rmtree(here)
+        _private_dir(here)
+        return cls(here)
+
+    @property
+    def ranks(self) -> str:
+        return f"ipc://{self.dir / 'ranks.sock'}"
+
+    @property
+    def control(self) -> str:
+        return f"ipc://{self.dir / 'control.sock'}"
+
+    @property
+    def events(self) -> str:
+        return f"ipc://{self.dir / 'events.sock'}"
+
+    @property
+    def info(self) -> Path:
+        return self.dir / "daemon.json"
+
+    def publish_info(self, **info: Any) -> None:
+        tmp = self.info.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps(info))
+        tmp.replace(self.info)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@dataclass
+class Sockets:
+    ranks: zmq.asyncio.Socket
+    control: zmq.asyncio.Socket
+    events: zmq.asyncio.Socket
+
+    def close(self) -> None:
+        for s in (self.ranks, self.control, self.events):
+            s.close(linger=0)
+
+
+def bind(ctx: zmq.asyncio.Context, endpoints: Endpoints) -> Sockets:
+    def socket(kind: int, address: str) -> zmq.asyncio.Socket:
+        s = ctx.socket(kind)
+        s.setsockopt(zmq.LINGER, 0)
+        if kind == zmq.ROUTER:
+            s.setsockopt(zmq.MAXMSGSIZE, HARD_CAP)
+            s.setsockopt(zmq.RCVHWM, RCV_HWM)
+        s.bind(address)
+        return s
+
+    return Sockets(
+        ranks=socket(zmq.ROUTER, endpoints.ranks),
+        control=socket(zmq.ROUTER, endpoints.control),
+        events=socket(zmq.PUB, endpoints.events),
+    )
+
+
+def running_daemons(environ: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Daemons of this user that are alive, from their daemon.json files."""
+    found = []
+    base = base_dir(environ)
+    for info in sorted(base.glob("*/daemon.json")):
+        try:
+            data = orjson.loads(info.read_bytes())
+            os.kill(int(data["pid"]), 0)
+        except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
+            continue
+        data["dir"] = str(info.parent)
+        found.append(data)
+    return found

@@ -1,0 +1,247 @@
+"""The wire format: versioned JSON objects (orjson), never pickles.
+
+Every message a rank sends carries ``v`` (the schema version), ``type``, ``rank``
+and ``gen`` (its generation)::
+
+    {"v": 1, "type": "heartbeat", "rank": 3, "gen": 0}
+    {"v": 1, "type": "section", "rank": 3, "gen": 0, "op": "open", "name": "step", "iteration": 12}
+
+Decoding checks everything and raises ``Dropped`` naming the reason; the daemon
+counts drops by reason and never lets input take it down. Control requests
+(``ft-supervisor status``...) use the same envelope without rank and generation,
+and get a reply: ``{"v": 1, "id": ..., "ok": true, "data": {...}}``.
+
+Imported by the in-rank client: standard library and orjson only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+VERSION = 1
+MAX_MESSAGE = 1 << 20  # bytes; bigger messages are dropped as oversized
+
+
+class DropReason(StrEnum):
+    OVERSIZED = "oversized"
+    MALFORMED = "malformed"
+    UNKNOWN_VERSION = "unknown_version"
+    UNKNOWN_TYPE = "unknown_type"
+    STALE_GENERATION = "stale_generation"
+    UNKNOWN_RANK = "unknown_rank"
+
+
+class Dropped(ValueError):
+    def __init__(self, reason: DropReason, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else str(reason))
+        self.reason = reason
+        self.detail = detail
+
+
+class Request(StrEnum):
+    """Workload control a rank may ask for (nvidia-resiliency-ext's WorkloadAction and more)."""
+
+    CONTINUE = "continue"
+    EXCLUDE_NODE = "exclude_node"
+    SHUTDOWN = "shutdown"
+    RESCHEDULE = "reschedule"
+    ABORT = "abort"
+
+
+class SectionOp(StrEnum):
+    OPEN = "open"
+    CLOSE = "close"
+    CLOSE_ALL = "close_all"
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    rank: int
+    gen: int
+    pid: int
+    stack_signal: int | None  # the client dumps its stacks (faulthandler) on this signal
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    rank: int
+    gen: int
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    rank: int
+    gen: int
+    op: SectionOp
+    name: str | None
+    iteration: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Iteration:
+    rank: int
+    gen: int
+    iteration: int
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """The rank loaded or saved a checkpoint: what lets timeouts be relearned."""
+
+    rank: int
+    gen: int
+    event: str  # "loaded" | "saved"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadTimeouts:
+    """Learned timeouts a rank restored from its own checkpoint (load_state_dict)."""
+
+    rank: int
+    gen: int
+    timeouts: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadRequest:
+    rank: int
+    gen: int
+    action: Request
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Bye:
+    """The rank stopped monitoring itself (shutdown_workload_monitoring)."""
+
+    rank: int
+    gen: int
+
+
+RankMessage = Hello | Heartbeat | Section | Iteration | Checkpoint | LoadTimeouts | WorkloadRequest | Bye
+
+
+def _int(m: dict[str, Any], key: str) -> int:
+    value = m.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise Dropped(DropReason.MALFORMED, f"{key} must be an integer")
+    return value
+
+
+def _opt_int(m: dict[str, Any], key: str) -> int | None:
+    return None if m.get(key) is None else _int(m, key)
+
+
+def _str(m: dict[str, Any], key: str, *, optional: bool = False, limit: int = 256) -> str | None:
+    value = m.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise Dropped(DropReason.MALFORMED, f"{key} must be a string of at most {limit} characters")
+    return value
+
+
+def _enum(kind: type[StrEnum], value: object, key: str) -> Any:
+    try:
+        return kind(str(value))
+    except ValueError:
+        raise Dropped(
+            DropReason.MALFORMED, f"{key} {value!r} is not one of {[e.value for e in kind]}"
+        ) from None
+
+
+def _envelope(payload: bytes) -> dict[str, Any]:
+    if len(payload) > MAX_MESSAGE:
+        raise Dropped(DropReason.OVERSIZED, f"{len(payload)} bytes")
+    try:
+        m = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        raise Dropped(DropReason.MALFORMED, "not JSON") from None
+    if not isinstance(m, dict):
+        raise Dropped(DropReason.MALFORMED, "not a JSON object")
+    if m.get("v") != VERSION:
+        raise Dropped(DropReason.UNKNOWN_VERSION, f"v={m.get('v')!r}")
+    return m
+
+
+def _decode_hello(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
+    return Hello(rank, gen, _int(m, "pid"), _opt_int(m, "stack_signal"))
+
+
+def _decode_section(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
+    op = _enum(SectionOp, m.get("op"), "op")
+    name = _str(m, "name", optional=op is SectionOp.CLOSE_ALL)
+    return Section(rank, gen, op, name, _opt_int(m, "iteration"))
+
+
+def _decode_checkpoint(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
+    event = m.get("event")
+    if event not in ("loaded", "saved"):
+        raise Dropped(DropReason.MALFORMED, "event must be 'loaded' or 'saved'")
+    return Checkpoint(rank, gen, str(event))
+
+
+def _decode_timeouts(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
+    timeouts = m.get("timeouts")
+    if not isinstance(timeouts, dict):
+        raise Dropped(DropReason.MALFORMED, "timeouts must be an object")
+    return LoadTimeouts(rank, gen, timeouts)
+
+
+def _decode_request(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
+    action = _enum(Request, m.get("action"), "action")
+    return WorkloadRequest(rank, gen, action, _str(m, "reason", optional=True, limit=4096) or "")
+
+
+_DECODERS: dict[str, Callable[[dict[str, Any], int, int], RankMessage]] = {
+    "hello": _decode_hello,
+    "heartbeat": lambda m, rank, gen: Heartbeat(rank, gen),
+    "section": _decode_section,
+    "iteration": lambda m, rank, gen: Iteration(rank, gen, _int(m, "iteration")),
+    "checkpoint": _decode_checkpoint,
+    "timeouts": _decode_timeouts,
+    "request": _decode_request,
+    "bye": lambda m, rank, gen: Bye(rank, gen),
+}
+
+
+def decode_rank_message(payload: bytes) -> RankMessage:
+    m = _envelope(payload)
+    kind = m.get("type")
+    decoder = _DECODERS.get(kind) if isinstance(kind, str) else None
+    if decoder is None:
+        raise Dropped(DropReason.UNKNOWN_TYPE, f"type={kind!r}")
+    message: RankMessage = decoder(m, _int(m, "rank"), _int(m, "gen"))
+    return message
+
+
+def encode(kind: str, **fields: Any) -> bytes:
+    return orjson.dumps({"v": VERSION, "type": kind, **fields})
+
+
+# -- control ---------------------------------------------------------------------------
+
+CONTROL_COMMANDS = ("status", "stop", "restart")
+
+
+@dataclass(frozen=True, slots=True)
+class ControlRequest:
+    command: str
+    id: str | None
+
+
+def decode_control(payload: bytes) -> ControlRequest:
+    m = _envelope(payload)
+    command = m.get("type")
+    if command not in CONTROL_COMMANDS:
+        raise Dropped(DropReason.UNKNOWN_TYPE, f"type={command!r}")
+    return ControlRequest(str(command), _str(m, "id", optional=True, limit=128))
+
+
+def reply(request_id: str | None, *, ok: bool, data: Any = None, error: str | None = None) -> bytes:
+    return orjson.dumps({"v": VERSION, "id": request_id, "ok": ok, "data": data, "error": error})

@@ -1,0 +1,78 @@
+import dataclasses
+
+import pytest
+
+from supervisor.core.learning import Learned, Observations, learn, observe
+from supervisor.core.watch import RankWatch, Timeouts
+
+SAVED = {"checkpoint_saved": True}
+
+
+def test_first_value_is_max_times_safety_then_ema() -> None:
+    obs = Observations(sections={"step": 2.0}, timed_steps=16)
+    first = learn(Learned(), obs, safety_factor=5.0)
+    assert first.sections == {"step": 10.0}
+    second = learn(first, Observations(sections={"step": 4.0}, timed_steps=20), safety_factor=5.0)
+    assert second.sections == {"step": 15.0}  # 0.5 * 20 + 0.5 * 10
+
+
+def test_step_needs_enough_timed_iterations() -> None:
+    obs = Observations(sections={"step": 2.0}, timed_steps=15)
+    assert learn(Learned(), obs, 5.0).sections == {}
+
+
+@pytest.mark.parametrize(
+    ("section", "flags", "learned"),
+    [
+        ("setup", {}, False),
+        ("setup", {"checkpoint_loaded": True}, True),
+        ("checkpointing", {}, False),
+        ("checkpointing", SAVED, True),
+        ("eval", {}, True),
+    ],
+)
+def test_section_rules(section: str, flags: dict[str, bool], learned: bool) -> None:
+    obs = Observations(sections={section: 3.0}, **flags)  # type: ignore[arg-type]
+    assert (section in learn(Learned(), obs, 2.0).sections) is learned
+
+
+def test_heartbeat_and_out_of_section_need_steps_and_a_save() -> None:
+    obs = Observations(heartbeat_gap=1.0, heartbeat_gaps=16, out_of_section=0.5, timed_steps=16)
+    assert learn(Learned(), obs, 5.0) == Learned()
+    saved = learn(Learned(), dataclasses.replace(obs, checkpoint_saved=True), 5.0)
+    assert (saved.heartbeat, saved.out_of_section) == (5.0, 2.5)
+
+
+def test_first_heartbeat_needs_a_checkpoint_load() -> None:
+    assert learn(Learned(), Observations(first_heartbeat=4.0), 5.0).initial_heartbeat is None
+    loaded = learn(Learned(), Observations(first_heartbeat=4.0, checkpoint_loaded=True), 5.0)
+    assert loaded.initial_heartbeat == 20.0
+
+
+def test_observe_takes_maxima_across_ranks_and_the_slowest_step_count() -> None:
+    t = Timeouts(sections={"step": 1.0})
+    a, b = RankWatch(0, 0.0), RankWatch(1, 0.0)
+    for w, length, count in ((a, 0.5, 20), (b, 0.7, 17)):
+        for i in range(count):
+            w.open_section("step", float(i))
+            w.close_section("step", i + length, t)
+    obs = observe([a, b])
+    assert obs.sections == {"step": pytest.approx(0.7)}
+    assert obs.timed_steps == 17
+    assert observe([]) == Observations()
+
+
+def test_learned_values_override_configured_ones_for_monitored_sections() -> None:
+    configured = Timeouts(heartbeat=60.0, sections={"step": 180.0, "setup": None}, out_of_section=300.0)
+    learned = Learned(heartbeat=5.0, sections={"step": 9.0, "stray": 1.0})
+    effective = learned.over(configured)
+    assert effective.heartbeat == 5.0
+    assert effective.sections == {"step": 9.0, "setup": None}  # a stray name is not monitored
+    assert effective.out_of_section == 300.0
+
+
+def test_state_round_trip_and_junk() -> None:
+    learned = Learned(initial_heartbeat=3.0, sections={"step": 2.0})
+    assert Learned.from_json(learned.to_json()) == learned
+    assert Learned.from_json("junk") == Learned()
+    assert Learned.from_json({"heartbeat": "x", "sections": {"a": -1, "b": True}}) == Learned()
