@@ -55,6 +55,8 @@ __all__ = [
 # (faulthandler, async-signal-safe, works with the GIL held elsewhere) does not
 # collide with their SIGUSR1/SIGUSR2 handlers.
 STACK_SIGNAL = signal.SIGRTMIN + 4
+# an explicit shutdown may wait this long for its last messages (the bye) to leave
+SHUTDOWN_LINGER_MS = 500
 
 
 class _Client:
@@ -221,5 +223,5 @@ def shutdown() -> None:
     c = _held.client
     if c is not None:
         c.send("bye")
-        c.channel.close()
+        c.channel.close(linger_ms=SHUTDOWN_LINGER_MS)
         _held.client = None

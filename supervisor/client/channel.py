@@ -4,7 +4,8 @@
   so a forked child (a dataloader worker) gets its own on its first send.
 * Non-blocking sends with a send high-water mark: a slow, restarting or dead
   daemon costs dropped messages (counted), never a blocked training step.
-* LINGER=0: exiting never waits for unsent messages.
+* LINGER=0: exiting never waits for unsent messages (an explicit close may wait
+  a bounded moment to deliver its last ones).
 """
 
 from __future__ import annotations
@@ -50,10 +51,11 @@ class Channel:
                 return False
             return True
 
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
+        """Close; ``linger_ms`` bounds the wait for messages still queued."""
         with self._lock:
             if self._socket is not None and self._pid == os.getpid():
-                self._socket.close(linger=0)
+                self._socket.close(linger=linger_ms)
                 self._context.term()
             self._socket = None
             self._pid = -1

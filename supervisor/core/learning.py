@@ -17,6 +17,11 @@ rules of the Megatron integration):
                   while a checkpoint is written)
   first heartbeat only when a checkpoint was loaded
   out of section  after ``min_steps`` timed iterations and a completed save
+Only what is monitored is learned: a section named in the configuration (a
+None timeout there means "monitor it, learn its timeout"), and heartbeat or
+out-of-section timeouts that are configured. Learning never invents a deadline
+nobody asked for. A learned timeout is never below ``floor`` seconds: five
+times a 10 ms step would be tripped by one garbage-collection pause.
 Learned values override configured ones.
 """
 
@@ -31,6 +36,7 @@ SETUP = "setup"
 CHECKPOINTING = "checkpointing"
 MIN_STEPS = 16
 EMA = 0.5
+FLOOR = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,16 +141,26 @@ def observe(watches: Iterable[RankWatch]) -> Observations:
     )
 
 
-def learn(previous: Learned, obs: Observations, safety_factor: float, min_steps: int = MIN_STEPS) -> Learned:
+def learn(
+    previous: Learned,
+    obs: Observations,
+    monitored: Timeouts,
+    safety_factor: float,
+    *,
+    min_steps: int = MIN_STEPS,
+    floor: float = FLOOR,
+) -> Learned:
     def merge(old: float | None, seen: float | None, allowed: bool) -> float | None:
         if not allowed or seen is None or seen <= 0:
             return old
-        new = safety_factor * seen
+        new = max(floor, safety_factor * seen)
         return new if old is None else EMA * new + (1 - EMA) * old
 
     enough_steps = obs.timed_steps >= min_steps
     sections = dict(previous.sections)
     for name, seen in obs.sections.items():
+        if not monitored.monitors(name):
+            continue
         allowed = {
             STEP: enough_steps,
             SETUP: obs.checkpoint_loaded,
@@ -154,14 +170,20 @@ def learn(previous: Learned, obs: Observations, safety_factor: float, min_steps:
         if value is not None:
             sections[name] = value
     return Learned(
-        initial_heartbeat=merge(previous.initial_heartbeat, obs.first_heartbeat, obs.checkpoint_loaded),
+        initial_heartbeat=merge(
+            previous.initial_heartbeat,
+            obs.first_heartbeat,
+            monitored.initial_heartbeat is not None and obs.checkpoint_loaded,
+        ),
         heartbeat=merge(
             previous.heartbeat,
             obs.heartbeat_gap,
-            obs.heartbeat_gaps >= min_steps and obs.checkpoint_saved,
+            monitored.heartbeat is not None and obs.heartbeat_gaps >= min_steps and obs.checkpoint_saved,
         ),
         sections=sections,
         out_of_section=merge(
-            previous.out_of_section, obs.out_of_section, enough_steps and obs.checkpoint_saved
+            previous.out_of_section,
+            obs.out_of_section,
+            monitored.out_of_section is not None and enough_steps and obs.checkpoint_saved,
         ),
     )

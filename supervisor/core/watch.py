@@ -8,9 +8,10 @@ Semantics follow nvidia-resiliency-ext's fault-tolerance package:
   its timeout (None: monitored, no timeout until one is learned); sections may
   overlap, not repeat;
 * out of section: while no monitored section is open, ``out_of_section`` bounds
-  the time since the last one closed (or since the hello). A workload that uses
-  sections is not held to it until it has opened ``step`` once: setup and
-  warm-up run outside sections;
+  the time since the last sign of life: a section closing, a heartbeat, an
+  iteration report (or the hello). So a workload without sections that reports
+  its iterations is held to it too. A workload that uses sections is not held
+  to it until it has opened ``step`` once: setup and warm-up run outside sections;
 * warm-up: the first ``warmup_iterations`` openings of ``step`` in a generation
   are not held to the ``step`` timeout (a ``warmup`` pseudo-section timeout
   applies to them instead, when configured).
@@ -115,6 +116,17 @@ class RankWatch:
             self.max_heartbeat_gap = max(self.max_heartbeat_gap, now - self.last_heartbeat)
             self.heartbeat_gaps += 1
         self.last_heartbeat = now
+        self._alive(now)
+
+    def report_iteration(self, iteration: int, now: float) -> None:
+        self.iteration = iteration
+        self._alive(now)
+
+    def _alive(self, now: float) -> None:
+        """A sign of life outside sections restarts the out-of-section interval."""
+        if not self.open_sections and self.out_of_section_since is not None:
+            self.max_out_of_section = max(self.max_out_of_section, now - self.out_of_section_since)
+            self.out_of_section_since = now
 
     def open_section(self, name: str, now: float) -> bool:
         """False when ``name`` is already open (the old opening stands)."""

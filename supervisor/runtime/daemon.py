@@ -384,7 +384,7 @@ class Supervisor:
         if not self.cfg.ft.learn_timeouts or not watches:
             return
         old = self.monitor.learned
-        new = learn(old, observe(watches), self.cfg.ft.safety_factor)
+        new = learn(old, observe(watches), self.monitor.configured, self.cfg.ft.safety_factor)
         if new == old:
             return
         self.monitor.set_learned(new)

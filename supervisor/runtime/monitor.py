@@ -142,7 +142,7 @@ class Monitor:
             case schema.Section():
                 self._section(watch, m, now)
             case schema.Iteration(iteration=n):
-                watch.iteration = n
+                watch.report_iteration(n, now)
             case schema.Checkpoint(event="loaded"):
                 watch.checkpoint_loaded = True
             case schema.Checkpoint(event="saved"):

@@ -2,10 +2,22 @@ import dataclasses
 
 import pytest
 
-from supervisor.core.learning import Learned, Observations, learn, observe
+from supervisor.core import learning
+from supervisor.core.learning import Learned, Observations, observe
 from supervisor.core.watch import RankWatch, Timeouts
 
 SAVED = {"checkpoint_saved": True}
+# everything monitored, no timeout yet: what lets every rule be exercised
+ALL = Timeouts(
+    initial_heartbeat=60.0,
+    heartbeat=60.0,
+    sections={"step": None, "setup": None, "checkpointing": None, "eval": None},
+    out_of_section=60.0,
+)
+
+
+def learn(previous: Learned, obs: Observations, safety_factor: float, floor: float = 0.0) -> Learned:
+    return learning.learn(previous, obs, ALL, safety_factor, floor=floor)
 
 
 def test_first_value_is_max_times_safety_then_ema() -> None:
@@ -76,3 +88,18 @@ def test_state_round_trip_and_junk() -> None:
     assert Learned.from_json(learned.to_json()) == learned
     assert Learned.from_json("junk") == Learned()
     assert Learned.from_json({"heartbeat": "x", "sections": {"a": -1, "b": True}}) == Learned()
+
+
+def test_nothing_unmonitored_is_learned() -> None:
+    obs = Observations(
+        first_heartbeat=1.0, heartbeat_gap=1.0, heartbeat_gaps=99, sections={"step": 1.0, "stray": 1.0},
+        out_of_section=0.001, timed_steps=99, checkpoint_loaded=True, checkpoint_saved=True,
+    )  # fmt: skip
+    only_step = Timeouts(sections={"step": None})
+    learned = learning.learn(Learned(), obs, only_step, 5.0)
+    assert learned == Learned(sections={"step": 5.0})  # no invented heartbeat / out-of-section deadline
+
+
+def test_a_learned_timeout_has_a_floor() -> None:
+    obs = Observations(sections={"step": 0.01}, timed_steps=20)
+    assert learning.learn(Learned(), obs, ALL, 5.0).sections == {"step": learning.FLOOR}

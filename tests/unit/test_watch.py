@@ -79,6 +79,22 @@ def test_out_of_section_for_a_workload_without_sections() -> None:
     w = RankWatch(rank=0, started=0.0)
     d = w.deadline(t)
     assert d is not None and (d.at, d.kind) == (5.0, HangKind.OUT_OF_SECTION)
+    w.report_iteration(1, 4.0)  # signs of life restart the interval
+    w.heartbeat(6.0)
+    d = w.deadline(t)
+    assert d is not None and d.at == 11.0
+    assert w.expired(t, 11.0) is not None
+    assert w.max_out_of_section == 4.0
+
+
+def test_signs_of_life_inside_a_section_do_not_touch_out_of_section_time() -> None:
+    t = Timeouts(sections={"step": 10.0}, out_of_section=5.0)
+    w = RankWatch(rank=0, started=0.0)
+    w.open_section("step", 1.0)
+    w.heartbeat(2.0)
+    w.close_section("step", 3.0, t)
+    d = w.deadline(t)
+    assert d is not None and (d.at, d.kind) == (8.0, HangKind.OUT_OF_SECTION)
 
 
 def test_out_of_section_waits_for_the_first_step_when_sections_are_used() -> None:

@@ -1,0 +1,74 @@
+import orjson
+import pytest
+
+from supervisor.transport import schema
+from supervisor.transport.schema import Dropped, DropReason
+
+
+def _msg(**fields: object) -> bytes:
+    return orjson.dumps({"v": 1, "rank": 1, "gen": 2, **fields})
+
+
+def test_every_rank_message_round_trips() -> None:
+    cases = [
+        (schema.encode("hello", rank=1, gen=2, pid=9, stack_signal=38), schema.Hello(1, 2, 9, 38)),
+        (schema.encode("heartbeat", rank=1, gen=2), schema.Heartbeat(1, 2)),
+        (
+            schema.encode("section", rank=1, gen=2, op="open", name="step", iteration=7),
+            schema.Section(1, 2, schema.SectionOp.OPEN, "step", 7),
+        ),
+        (
+            schema.encode("section", rank=1, gen=2, op="close_all", name=None, iteration=None),
+            schema.Section(1, 2, schema.SectionOp.CLOSE_ALL, None, None),
+        ),
+        (schema.encode("iteration", rank=1, gen=2, iteration=3), schema.Iteration(1, 2, 3)),
+        (schema.encode("checkpoint", rank=1, gen=2, event="saved"), schema.Checkpoint(1, 2, "saved")),
+        (
+            schema.encode("timeouts", rank=1, gen=2, timeouts={"heartbeat": 3}),
+            schema.LoadTimeouts(1, 2, {"heartbeat": 3}),
+        ),
+        (
+            schema.encode("request", rank=1, gen=2, action="abort", reason="bad data"),
+            schema.WorkloadRequest(1, 2, schema.Request.ABORT, "bad data"),
+        ),
+        (schema.encode("bye", rank=1, gen=2), schema.Bye(1, 2)),
+    ]
+    for payload, expected in cases:
+        assert schema.decode_rank_message(payload) == expected
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"\x00\xff garbage", DropReason.MALFORMED),
+        (b"[1, 2]", DropReason.MALFORMED),
+        (orjson.dumps({"v": 2, "type": "heartbeat", "rank": 0, "gen": 0}), DropReason.UNKNOWN_VERSION),
+        (orjson.dumps({"type": "heartbeat", "rank": 0, "gen": 0}), DropReason.UNKNOWN_VERSION),
+        (_msg(type="teleport"), DropReason.UNKNOWN_TYPE),
+        (_msg(type=None), DropReason.UNKNOWN_TYPE),
+        (orjson.dumps({"v": 1, "type": "heartbeat", "rank": "0", "gen": 0}), DropReason.MALFORMED),
+        (orjson.dumps({"v": 1, "type": "heartbeat", "rank": True, "gen": 0}), DropReason.MALFORMED),
+        (_msg(type="section", op="open"), DropReason.MALFORMED),
+        (_msg(type="section", op="sideways", name="x"), DropReason.MALFORMED),
+        (_msg(type="section", op="open", name="x" * 1000), DropReason.MALFORMED),
+        (_msg(type="request", action="explode"), DropReason.MALFORMED),
+        (_msg(type="checkpoint", event="lost"), DropReason.MALFORMED),
+        (_msg(type="timeouts", timeouts=[1]), DropReason.MALFORMED),
+        (_msg(type="hello"), DropReason.MALFORMED),
+        (b"{" + b" " * schema.MAX_MESSAGE + b"}", DropReason.OVERSIZED),
+    ],
+)
+def test_bad_messages_are_dropped_with_a_reason(payload: bytes, reason: DropReason) -> None:
+    with pytest.raises(Dropped) as caught:
+        schema.decode_rank_message(payload)
+    assert caught.value.reason is reason
+
+
+def test_control_requests_and_replies() -> None:
+    assert schema.decode_control(
+        orjson.dumps({"v": 1, "type": "status", "id": "a"})
+    ) == schema.ControlRequest("status", "a")
+    with pytest.raises(Dropped):
+        schema.decode_control(orjson.dumps({"v": 1, "type": "format_disk"}))
+    reply = orjson.loads(schema.reply("a", ok=False, error="nope"))
+    assert reply == {"v": 1, "id": "a", "ok": False, "data": None, "error": "nope"}
