@@ -337,8 +337,11 @@ class Supervisor:
                 "stacks_dumped",
                 generation=gen.number,
                 rank=rank.slot.rank,
+                hung=rank.slot.local_rank in gen.hangs,
                 lines=text.count("\n"),
                 log=str(rank.files.stderr),
+                stacks=text,
+                quiet=("stacks",),  # the console shows them already, from the rank's log
             )
 
     async def _end(self, gen: Generation) -> TerminationReport:

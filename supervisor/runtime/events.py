@@ -29,7 +29,10 @@ class EventLog:
         # also sends each event to live subscribers (the events socket), topic = name
         self.publish: Callable[[bytes, bytes], None] | None = None
 
-    def emit(self, event: str, level: int = logging.INFO, **fields: Any) -> None:
+    def emit(
+        self, event: str, level: int = logging.INFO, *, quiet: tuple[str, ...] = (), **fields: Any
+    ) -> None:
+        """Record ``event``; fields named in ``quiet`` stay off the console (bulky text)."""
         record = {
             "event": event,
             "t_wall": self._clock.wall(),
@@ -41,7 +44,8 @@ class EventLog:
         os.write(self._fd, line + b"\n")
         if self.publish is not None:
             self.publish(event.encode(), line)
-        self._logger.log(level, event, extra={"fields": fields})
+        shown = {k: v for k, v in fields.items() if k not in quiet} if quiet else fields
+        self._logger.log(level, event, extra={"fields": shown})
 
     def close(self) -> None:
         if self._fd >= 0:

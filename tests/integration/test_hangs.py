@@ -36,8 +36,8 @@ def test_a_rank_that_stops_heartbeating_is_found_dumped_killed_and_restarted(sta
     assert [(e["rank"], e["kind"], e["timeout"]) for e in hung] == [(1, "heartbeat", 0.5)]
     assert hung[0]["open_for"] >= 0.5
     assert hung[0]["late_by"] < 1.0  # timers, not a coarse poll (precision: scripts/bench/hang.py)
-    dumped = {e["rank"] for e in d.events("stacks_dumped")}
-    assert 1 in dumped
+    dumped = {e["rank"]: e for e in d.events("stacks_dumped")}
+    assert dumped[1]["hung"] and "monitored.py" in dumped[1]["stacks"]
     log = _stderr_log(d, 0, 1)
     assert "most recent call first" in log and "monitored.py" in log  # the stacks, in its own log
     decision = d.events("decision")[0]
