@@ -79,12 +79,6 @@ class ExitStatus:
             return f"signal {self.signal} ({signal_name(self.signal)})"
         return f"exit code {self.code}"
 
-    def fields(self) -> dict[str, int | str | None]:
-        return {
-            "exit_code": self.code,
-            "signal": None if self.signal is None else signal_name(self.signal),
-        }
-
 
 @dataclass(frozen=True, slots=True)
 class ErrorRecord:

@@ -17,41 +17,33 @@ import resource
 import secrets
 import signal
 import time
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
-import orjson
 import zmq
 import zmq.asyncio
 
 from supervisor import log
 from supervisor.config import RunConfig
-from supervisor.core.errorfile import order_failures
 from supervisor.core.learning import learn, observe
 from supervisor.core.policy import Budget, GenerationEnd, WorkloadAsk, decide
-from supervisor.core.states import GroupVerdict, RankState
+from supervisor.core.states import GroupVerdict
 from supervisor.core.topology import (
-    ENV_RANKS_ENDPOINT,
-    ENV_TIMEOUTS,
     RunIdentity,
-    master_env,
-    rank_env,
     token_entry,
 )
-from supervisor.core.types import Action, Decision, RankFailure, Reason, signal_name
+from supervisor.core.types import Action, Decision, Reason, signal_name
 from supervisor.core.watch import Hang
-from supervisor.process.evidence import failure_evidence
 from supervisor.process.orphans import OrphanGuard, sweep_generation
-from supervisor.process.ports import free_port
-from supervisor.process.spawn import spawn_rank
-from supervisor.process.stacks import dump_stacks
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller, TerminationReport, terminate
-from supervisor.runtime import signals, statefile, status
+from supervisor.runtime import aftermath, signals, statefile, status
+from supervisor.runtime.aio import first
 from supervisor.runtime.clock import Clock
 from supervisor.runtime.control import ControlServer
 from supervisor.runtime.events import EventLog
 from supervisor.runtime.generation import Generation
+from supervisor.runtime.launcher import Launcher
 from supervisor.runtime.monitor import Monitor
 from supervisor.runtime.report import render_failure
 from supervisor.runtime.rundir import RunDir
@@ -105,6 +97,19 @@ class Supervisor:
             run_dir=str(self.rundir.root),
             run_token=self.token,
             virtual_local_rank=self.cfg.virtual_local_rank,
+        )
+        self._launcher = Launcher(
+            cfg=self.cfg,
+            rundir=self.rundir,
+            ident=self.ident,
+            events=self.events,
+            clock=self.clock,
+            follower=self._follower,
+            monitor=self.monitor,
+            ranks_endpoint=self.endpoints.ranks,
+            start_task=self._start_task,
+            signaller=self._signaller,
+            force=self._force,
         )
         guard = await OrphanGuard.start(token_entry(self.token))
         handled = signals.install(self._commands, self.cfg.stop_signals)
@@ -172,28 +177,31 @@ class Supervisor:
     # -- the loop -----------------------------------------------------------------
 
     async def _supervise(self) -> int:
-        gen = await self._prepare(0, standby=False)
+        launcher = self._launcher
+        gen = await launcher.prepare(0, standby=False)
         while True:
-            await self._launch(gen)
-            upcoming = self._tg.create_task(self._prepare_standby(gen))
-            await self._wait_end(gen)
+            self._current = gen
+            await launcher.launch(gen)
+            upcoming = self._tg.create_task(
+                launcher.prepare_standby(gen, self._budget.remaining, self._stopping)
+            )
+            await first(gen.ended.wait(), self._stopping.wait())
             if gen.hangs and self._stop_signal is None:
-                await self._collect_stacks(gen)
+                await aftermath.collect_stacks(gen, self.monitor, self.cfg.ft.stack_dump_timeout, self.events)
             report = await self._end(gen)
             if self._stop_signal is not None:
-                await self._discard(upcoming)
+                await launcher.discard(upcoming)
                 return 128 + self._stop_signal
             decision = await self._decide(gen, report)
-            if decision is None:
-                await self._discard(upcoming)
-                return EXIT_SUCCESS
-            if decision.action is not Action.RESTART:
-                await self._discard(upcoming)
-                return EXIT_SUCCESS if decision.action is Action.CONTINUE else EXIT_FAILED
+            if decision is None or decision.action is not Action.RESTART:
+                await launcher.discard(upcoming)
+                if decision is None or decision.action is Action.CONTINUE:
+                    return EXIT_SUCCESS
+                return EXIT_FAILED
             if decision.reason is not Reason.OPERATOR_REQUEST:
                 self._budget = self._budget.spend()
             standby = await upcoming
-            gen = standby or await self._prepare(gen.number + 1, standby=False)
+            gen = standby or await launcher.prepare(gen.number + 1, standby=False)
 
     async def _decide(self, gen: Generation, report: TerminationReport) -> Decision | None:
         """What follows the generation; None when it simply succeeded."""
@@ -208,7 +216,7 @@ class Supervisor:
         elif gen.verdict is GroupVerdict.SUCCEEDED and not requests:
             return None
         else:
-            end = GenerationEnd(tuple(await self._evidence(gen)), report.unkillable, requests)
+            end = GenerationEnd(tuple(await aftermath.evidence(gen)), report.unkillable, requests)
             decision = decide(end, self._budget, self.clock.monotonic())
         self.events.emit(
             "decision",
@@ -221,90 +229,6 @@ class Supervisor:
         if decision.action in (Action.ABORT, Action.RESCHEDULE):
             self.logger.error("%s", render_failure(end, decision, self.rundir.root))
         return decision
-
-    async def _prepare(self, number: int, *, standby: bool) -> Generation:
-        gen = Generation(number, self.clock, self.events, self._follower.poll)
-        for slot in self.cfg.topology.slots():
-            await self._spawn_into(gen, slot.local_rank, standby=standby)
-        return gen
-
-    def _monitor_env(self) -> dict[str, str]:
-        described = self.monitor.learned.describe(self.monitor.configured)
-        return {
-            ENV_RANKS_ENDPOINT: self.endpoints.ranks,
-            ENV_TIMEOUTS: orjson.dumps(described).decode(),
-        }
-
-    async def _spawn_into(self, gen: Generation, local_rank: int, *, standby: bool) -> None:
-        slot = self.cfg.topology.slots()[local_rank]
-        files = self.rundir.rank_files(gen.number, local_rank)
-        env = rank_env(
-            os.environ,
-            self.cfg.topology,
-            slot,
-            self.ident,
-            generation=gen.number,
-            error_file=str(files.error_file),
-        )
-        env.update(self._monitor_env())
-        rank = await spawn_rank(
-            self.cfg.program, slot, env, files, now=self.clock.monotonic(), standby=standby
-        )
-        gen.add(rank)
-        self._start_task(gen.watch(rank), f"watch-gen{gen.number}-rank{local_rank}")
-        self.events.emit(
-            "rank_spawned",
-            logging.DEBUG,
-            generation=gen.number,
-            rank=slot.rank,
-            local_rank=local_rank,
-            pid=rank.pid,
-            standby=standby,
-        )
-
-    async def _prepare_standby(self, current: Generation) -> Generation | None:
-        """Spawn the next generation's ranks once the current ones have preloaded.
-
-        Waiting for them keeps two generations from importing torch at once.
-        """
-        if not self.cfg.standby or self._budget.remaining == 0:
-            return None
-        ready = asyncio.gather(*(r.ready() for r in current.ranks.values()))
-        if await _first(ready, current.ended.wait(), self._stopping.wait()) is not ready:
-            return None
-        if not all(ready.result()) or current.ended.is_set():
-            return None
-        return await self._prepare(current.number + 1, standby=True)
-
-    async def _launch(self, gen: Generation) -> None:
-        for lr, rank in list(gen.ranks.items()):
-            if rank.state is RankState.FAILED:  # a standby that died while waiting
-                await self._spawn_into(gen, lr, standby=False)
-        port = self.cfg.master_port or free_port()
-        # learned timeouts may have changed since a standby was spawned
-        late = master_env(self.cfg.master_addr, port) | self._monitor_env()
-        standby = [lr for lr, r in gen.ranks.items() if r.state is RankState.STANDBY]
-        self.events.emit(
-            "generation_started",
-            generation=gen.number,
-            master_addr=self.cfg.master_addr,
-            master_port=port,
-            standby_ranks=len(standby),
-        )
-        self.monitor.start_generation(gen.number, {r.slot.rank: r.pid for r in gen.ranks.values()})
-        for rank in gen.ranks.values():
-            if rank.state is RankState.STANDBY:
-                rank.move_to(RankState.RUNNING)
-            rank.go(late)
-        self._current = gen
-        for lr, rank in gen.ranks.items():
-            for stream in self.cfg.console_streams(lr):
-                path = rank.files.stdout if stream == log.STDOUT else rank.files.stderr
-                self._follower.follow(rank.slot.rank, path, stream)
-        gen.start()
-
-    async def _wait_end(self, gen: Generation) -> None:
-        await _first(gen.ended.wait(), self._stopping.wait())
 
     def _on_hang(self, hang: Hang) -> None:
         gen = self._current
@@ -323,26 +247,6 @@ class Supervisor:
             late_by=round(hang.late_by, 4),
         )
         gen.hung(slot.local_rank, hang, self.clock.wall() - hang.late_by)
-
-    async def _collect_stacks(self, gen: Generation) -> None:
-        """Every live rank's stacks (the hung one first) into its log, before the kill."""
-        order = sorted(gen.ranks.values(), key=lambda r: r.slot.local_rank not in gen.hangs)
-        for rank in order:
-            signum = self.monitor.stack_signals.get(rank.slot.rank)
-            if signum is None or rank.returncode is not None:
-                continue
-            text = await dump_stacks(rank.pid, signum, rank.files.stderr, self.cfg.ft.stack_dump_timeout)
-            gen.stacks[rank.slot.local_rank] = text
-            self.events.emit(
-                "stacks_dumped",
-                generation=gen.number,
-                rank=rank.slot.rank,
-                hung=rank.slot.local_rank in gen.hangs,
-                lines=text.count("\n"),
-                log=str(rank.files.stderr),
-                stacks=text,
-                quiet=("stacks",),  # the console shows them already, from the rank's log
-            )
 
     async def _end(self, gen: Generation) -> TerminationReport:
         stop_signal: int = signal.SIGTERM
@@ -396,53 +300,6 @@ class Supervisor:
         except OSError as exc:
             self.events.emit("state_unwritable", logging.WARNING, path=str(self._state_path), error=str(exc))
         self.events.emit("timeouts_learned", generation=gen.number, learned=new.to_json())
-
-    async def _discard(self, upcoming: asyncio.Task[Generation | None]) -> None:
-        """Stop standby ranks that will never get their go, and forget their files."""
-        gen = await upcoming
-        if gen is None:
-            return
-        for rank in gen.ranks.values():
-            rank.close_boot()
-        await terminate(
-            list(gen.ranks.values()),
-            grace=self.cfg.shutdown_timeout,
-            kill_timeout=self.cfg.kill_timeout,
-            force=self._force,
-            signals=self._signaller,
-        )
-        self.rundir.forget_generation(gen.number)
-
-    async def _evidence(self, gen: Generation) -> list[RankFailure]:
-        """Every rank that failed on its own or hung, the root cause first.
-
-        That includes ranks we stopped: one may have raised (and written its
-        error file) first, then been slow to exit while a peer failed because
-        of it. Its error file, written before we signalled it, gives it away.
-        """
-        failures = []
-        for lr, exit in gen.exits.items():
-            state = gen.ranks[lr].state
-            if state not in (RankState.FAILED, RankState.STOPPED):
-                continue
-            failure = await failure_evidence(exit, gen.ranks[lr].files)
-            hang, hang_at = gen.hangs.get(lr, (None, None))
-            failed_first = failure.error_at is not None and (
-                gen.stop_wall is None or failure.error_at < gen.stop_wall
-            )
-            if state is RankState.FAILED or failed_first or hang is not None:
-                failures.append(
-                    RankFailure(
-                        exit=failure.exit,
-                        error=failure.error,
-                        error_at=failure.error_at,
-                        log_tail=failure.log_tail,
-                        hang=hang,
-                        hang_at=hang_at,
-                        stacks=gen.stacks.get(lr, ""),
-                    )
-                )
-        return order_failures(failures)
 
     # -- commands: signals and the control endpoint ------------------------------------
 
@@ -525,18 +382,6 @@ def _publish(sockets: Sockets, topic: bytes, line: bytes) -> None:
     # PUB drops for slow subscribers; the event log has everything
     with contextlib.suppress(zmq.ZMQError):
         sockets.events.send_multipart([topic, line], zmq.NOBLOCK)
-
-
-async def _first(*aws: Awaitable[Any]) -> asyncio.Future[Any]:
-    """Wait for the first of ``aws`` to finish; cancel the others; return it."""
-    futures = [asyncio.ensure_future(a) for a in aws]
-    try:
-        done, _ = await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for f in futures:
-            if not f.done():
-                f.cancel()
-    return next(f for f in futures if f in done)
 
 
 def _loop_factory() -> asyncio.AbstractEventLoop:

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 
 from supervisor.core.states import GroupVerdict, RankState, group_verdict
-from supervisor.core.types import ExitStatus, RankExit
+from supervisor.core.types import ExitStatus, RankExit, signal_name
 from supervisor.core.watch import Hang
 from supervisor.process.spawn import RankProcess
 from supervisor.runtime.clock import Clock
@@ -102,7 +102,8 @@ class Generation:
             rank=exit.rank,
             local_rank=exit.local_rank,
             pid=exit.pid,
-            **status.fields(),
+            exit_code=status.code,
+            signal=None if status.signal is None else signal_name(status.signal),
             state=str(rank.state),
             standby=was_standby or None,
         )

@@ -1,0 +1,153 @@
+"""Bringing generations to life: spawn their ranks (ahead of time, as standbys,
+when possible), release them with their go, and drop standbys nobody needs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import orjson
+
+from supervisor import log
+from supervisor.config import RunConfig
+from supervisor.core.states import RankState
+from supervisor.core.topology import ENV_RANKS_ENDPOINT, ENV_TIMEOUTS, RunIdentity, master_env, rank_env
+from supervisor.process.ports import free_port
+from supervisor.process.spawn import spawn_rank
+from supervisor.process.tail import LogFollower
+from supervisor.process.terminate import Signaller, terminate
+from supervisor.runtime.aio import first
+from supervisor.runtime.clock import Clock
+from supervisor.runtime.events import EventLog
+from supervisor.runtime.generation import Generation
+from supervisor.runtime.monitor import Monitor
+from supervisor.runtime.rundir import RunDir
+
+StartTask = Callable[[Coroutine[Any, Any, None], str], None]
+
+
+class Launcher:
+    def __init__(
+        self,
+        *,
+        cfg: RunConfig,
+        rundir: RunDir,
+        ident: RunIdentity,
+        events: EventLog,
+        clock: Clock,
+        follower: LogFollower,
+        monitor: Monitor,
+        ranks_endpoint: str,
+        start_task: StartTask,
+        signaller: Signaller,
+        force: asyncio.Event,
+    ) -> None:
+        self.cfg = cfg
+        self._rundir = rundir
+        self._ident = ident
+        self._events = events
+        self._clock = clock
+        self._follower = follower
+        self._monitor = monitor
+        self._ranks_endpoint = ranks_endpoint
+        self._start_task = start_task
+        self._signaller = signaller
+        self._force = force
+
+    async def prepare(self, number: int, *, standby: bool) -> Generation:
+        gen = Generation(number, self._clock, self._events, self._follower.poll)
+        for slot in self.cfg.topology.slots():
+            await self._spawn_into(gen, slot.local_rank, standby=standby)
+        return gen
+
+    def _monitor_env(self) -> dict[str, str]:
+        described = self._monitor.learned.describe(self._monitor.configured)
+        return {ENV_RANKS_ENDPOINT: self._ranks_endpoint, ENV_TIMEOUTS: orjson.dumps(described).decode()}
+
+    async def _spawn_into(self, gen: Generation, local_rank: int, *, standby: bool) -> None:
+        slot = self.cfg.topology.slots()[local_rank]
+        files = self._rundir.rank_files(gen.number, local_rank)
+        env = rank_env(
+            os.environ,
+            self.cfg.topology,
+            slot,
+            self._ident,
+            generation=gen.number,
+            error_file=str(files.error_file),
+        )
+        env.update(self._monitor_env())
+        rank = await spawn_rank(
+            self.cfg.program, slot, env, files, now=self._clock.monotonic(), standby=standby
+        )
+        gen.add(rank)
+        self._start_task(gen.watch(rank), f"watch-gen{gen.number}-rank{local_rank}")
+        self._events.emit(
+            "rank_spawned",
+            logging.DEBUG,
+            generation=gen.number,
+            rank=slot.rank,
+            local_rank=local_rank,
+            pid=rank.pid,
+            standby=standby,
+        )
+
+    async def prepare_standby(
+        self, current: Generation, restarts_left: int, stopping: asyncio.Event
+    ) -> Generation | None:
+        """Spawn the next generation's ranks once the current ones have preloaded.
+
+        Waiting for them keeps two generations from importing torch at once.
+        """
+        if not self.cfg.standby or restarts_left == 0:
+            return None
+        ready = asyncio.gather(*(r.ready() for r in current.ranks.values()))
+        if await first(ready, current.ended.wait(), stopping.wait()) is not ready:
+            return None
+        if not all(ready.result()) or current.ended.is_set():
+            return None
+        return await self.prepare(current.number + 1, standby=True)
+
+    async def launch(self, gen: Generation) -> None:
+        for lr, rank in list(gen.ranks.items()):
+            if rank.state is RankState.FAILED:  # a standby that died while waiting
+                await self._spawn_into(gen, lr, standby=False)
+        port = self.cfg.master_port or free_port()
+        # learned timeouts may have changed since a standby was spawned
+        late = master_env(self.cfg.master_addr, port) | self._monitor_env()
+        standby = [lr for lr, r in gen.ranks.items() if r.state is RankState.STANDBY]
+        self._events.emit(
+            "generation_started",
+            generation=gen.number,
+            master_addr=self.cfg.master_addr,
+            master_port=port,
+            standby_ranks=len(standby),
+        )
+        self._monitor.start_generation(gen.number, {r.slot.rank: r.pid for r in gen.ranks.values()})
+        for rank in gen.ranks.values():
+            if rank.state is RankState.STANDBY:
+                rank.move_to(RankState.RUNNING)
+            rank.go(late)
+        for lr, rank in gen.ranks.items():
+            for stream in self.cfg.console_streams(lr):
+                path = rank.files.stdout if stream == log.STDOUT else rank.files.stderr
+                self._follower.follow(rank.slot.rank, path, stream)
+        gen.start()
+
+    async def discard(self, upcoming: asyncio.Task[Generation | None]) -> None:
+        """Stop standby ranks that will never get their go, and forget their files."""
+        gen = await upcoming
+        if gen is None:
+            return
+        for rank in gen.ranks.values():
+            rank.close_boot()
+        await terminate(
+            list(gen.ranks.values()),
+            grace=self.cfg.shutdown_timeout,
+            kill_timeout=self.cfg.kill_timeout,
+            force=self._force,
+            signals=self._signaller,
+        )
+        self._rundir.forget_generation(gen.number)
