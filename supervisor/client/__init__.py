@@ -18,11 +18,13 @@ Light on purpose: no asyncio, nothing of the daemon; pyzmq and orjson only.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import faulthandler
 import os
 import signal
 import threading
+import uuid
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -30,6 +32,7 @@ from typing import Any
 import orjson
 
 from supervisor.client.channel import Channel
+from supervisor.core.learning import Learned
 from supervisor.core.topology import ENV_RANKS_ENDPOINT as ENV_ENDPOINT
 from supervisor.core.topology import ENV_TIMEOUTS
 from supervisor.transport.schema import Request, encode
@@ -55,8 +58,10 @@ __all__ = [
 # (faulthandler, async-signal-safe, works with the GIL held elsewhere) does not
 # collide with their SIGUSR1/SIGUSR2 handlers.
 STACK_SIGNAL = signal.SIGRTMIN + 4
-# an explicit shutdown may wait this long for its last messages (the bye) to leave
+# at an explicit shutdown or at exit, wait this long at most for the last
+# messages to leave (with a live daemon they leave at once)
 SHUTDOWN_LINGER_MS = 500
+REQUEST_ACK_TIMEOUT = 2.0
 
 
 class _Client:
@@ -70,6 +75,9 @@ class _Client:
         self._heartbeat = encode("heartbeat", rank=self.rank, gen=self.gen)
         stacks = self._install_stack_dump()
         self.send("hello", pid=os.getpid(), stack_signal=stacks)
+        # a rank's last words (a request, an error report) often come right before
+        # it exits: give them a bounded moment to leave
+        atexit.register(self.channel.close, SHUTDOWN_LINGER_MS)
 
     def _install_stack_dump(self) -> int | None:
         if threading.current_thread() is not threading.main_thread():
@@ -99,10 +107,12 @@ def _parse_timeouts(raw: str | None) -> dict[str, Any]:
 
 
 class _Holder:
-    """The process's client, once ``init`` made one; ``inactive`` once it found no daemon."""
+    """The process's client, once ``init`` made one; ``inactive`` once it found no
+    daemon; ``shut`` after ``shutdown()`` (calls are no-ops until ``init()`` again)."""
 
     client: _Client | None = None
     inactive = False
+    shut = False
     lock = threading.Lock()
 
 
@@ -112,6 +122,7 @@ _held = _Holder()
 def init(*, warn: bool = True) -> bool:
     """Connect to the daemon. True when one supervises this rank; idempotent."""
     with _held.lock:
+        _held.shut = False
         if _held.client is not None:
             return True
         if _held.inactive:
@@ -132,11 +143,12 @@ def init(*, warn: bool = True) -> bool:
 
 
 def is_active() -> bool:
-    return _held.client is not None or init(warn=False)
+    """True when a daemon supervises this rank (connecting if need be, unless shut down)."""
+    return _held.client is not None or (not _held.shut and init(warn=False))
 
 
 def _get() -> _Client | None:
-    if _held.client is None:
+    if _held.client is None and not _held.shut:
         init()
     return _held.client
 
@@ -192,12 +204,20 @@ def report_checkpoint(event: str) -> None:
         c.send("checkpoint", event=event)
 
 
-def request(action: Request | str, reason: str = "") -> None:
-    """Ask the daemon for an outcome: continue, exclude_node, shutdown, reschedule, abort."""
+def request(action: Request | str, reason: str = "", *, timeout: float = REQUEST_ACK_TIMEOUT) -> bool:
+    """Ask the daemon for an outcome: continue, exclude_node, shutdown, reschedule, abort.
+
+    Unlike the other calls this one waits (``timeout`` s at most) for the daemon to
+    acknowledge it, since a rank usually asks right before it exits. True once
+    acknowledged.
+    """
     action = Request(action)
     c = _held.client or _get()
-    if c is not None:
-        c.send("request", action=str(action), reason=str(reason)[:4096])
+    if c is None:
+        return False
+    request_id = uuid.uuid4().hex[:16]
+    c.send("request", action=str(action), reason=str(reason)[:4096], id=request_id)
+    return c.channel.await_ack(request_id, timeout)
 
 
 def state_dict() -> dict[str, Any]:
@@ -216,12 +236,15 @@ def load_state_dict(state: Mapping[str, Any]) -> None:
     learned = timeouts.get("learned")
     if isinstance(learned, Mapping):
         c.send("timeouts", timeouts=dict(learned))
+        # as the daemon merges it: what it learned itself wins, the loaded state fills gaps
+        mine = Learned.from_json(c.timeouts.get("learned"))
+        c.timeouts["learned"] = mine.filled_from(Learned.from_json(dict(learned))).to_json()
 
 
 def shutdown() -> None:
     """Stop monitoring this rank (it is about to exit on purpose)."""
-    c = _held.client
+    with _held.lock:
+        c, _held.client, _held.shut = _held.client, None, True
     if c is not None:
         c.send("bye")
         c.channel.close(linger_ms=SHUTDOWN_LINGER_MS)
-        _held.client = None

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
+import orjson
 import zmq
 
 SEND_HWM = 10_000
@@ -50,6 +52,22 @@ class Channel:
                 self.dropped += 1  # full (daemon slow or gone): drop, never wait
                 return False
             return True
+
+    def await_ack(self, request_id: str, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the daemon to acknowledge ``request_id``."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            sock = self._socket if self._pid == os.getpid() else None
+            while sock is not None and (left := deadline - time.monotonic()) > 0:
+                if not sock.poll(int(left * 1000) + 1):
+                    break
+                try:
+                    reply = orjson.loads(sock.recv(zmq.NOBLOCK))
+                except (zmq.ZMQError, orjson.JSONDecodeError):
+                    continue
+                if isinstance(reply, dict) and reply.get("type") == "ack" and reply.get("id") == request_id:
+                    return True
+        return False
 
     def close(self, linger_ms: int = 0) -> None:
         """Close; ``linger_ms`` bounds the wait for messages still queued."""

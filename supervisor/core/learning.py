@@ -10,7 +10,7 @@ collective in the training loop). At the end of a generation:
 A value is only relearned from a generation that shows what it must cover (the
 rules of the Megatron integration):
   step            after at least ``min_steps`` timed iterations (warm-up excluded)
-  checkpointing   after a completed save
+  checkpointing   after a completed save (reported: report_checkpoint("saved"))
   setup           only when a checkpoint was loaded (setup includes the load)
   other sections  once completed at least once
   heartbeat       after ``min_steps`` gaps and a completed save (heartbeats pause
@@ -32,8 +32,9 @@ from dataclasses import dataclass, field, replace
 
 from supervisor.core.watch import STEP, RankWatch, Timeouts
 
-SETUP = "setup"
-CHECKPOINTING = "checkpointing"
+# nvidia-resiliency-ext's examples call them init and checkpoint
+SETUP = frozenset({"setup", "init"})
+CHECKPOINTING = frozenset({"checkpointing", "checkpoint"})
 MIN_STEPS = 16
 EMA = 0.5
 FLOOR = 1.0
@@ -49,7 +50,8 @@ class Learned:
     out_of_section: float | None = None
 
     def over(self, configured: Timeouts) -> Timeouts:
-        """The timeouts in force: learned values where there are any."""
+        """The timeouts in force: learned values where there are any, for what is monitored
+        (a learned value never puts a deadline where none was configured)."""
         sections = dict(configured.sections)
         sections.update({k: v for k, v in self.sections.items() if k in sections})
         return replace(
@@ -58,6 +60,17 @@ class Learned:
             heartbeat=_pick(self.heartbeat, configured.heartbeat),
             sections=sections,
             out_of_section=_pick(self.out_of_section, configured.out_of_section),
+        )
+
+    def filled_from(self, other: Learned) -> Learned:
+        """These values, with ``other``'s where these have none."""
+        return Learned(
+            initial_heartbeat=self.initial_heartbeat
+            if self.initial_heartbeat is not None
+            else other.initial_heartbeat,
+            heartbeat=self.heartbeat if self.heartbeat is not None else other.heartbeat,
+            sections={**other.sections, **self.sections},
+            out_of_section=self.out_of_section if self.out_of_section is not None else other.out_of_section,
         )
 
     def describe(self, configured: Timeouts) -> dict[str, object]:
@@ -96,7 +109,7 @@ class Learned:
 
 
 def _pick(learned: float | None, configured: float | None) -> float | None:
-    return learned if learned is not None else configured
+    return learned if learned is not None and configured is not None else configured
 
 
 def _seconds(value: object) -> float | None:
@@ -137,7 +150,8 @@ def observe(watches: Iterable[RankWatch]) -> Observations:
         out_of_section=max((w.max_out_of_section for w in ws), default=0.0) or None,
         timed_steps=min(w.timed_steps for w in ws),
         checkpoint_loaded=any(w.checkpoint_loaded for w in ws),
-        checkpoint_saved=any(w.checkpoint_saved or w.section_count.get(CHECKPOINTING) for w in ws),
+        # only a reported save counts: an async finalisation also closes `checkpointing`
+        checkpoint_saved=any(w.checkpoint_saved for w in ws),
     )
 
 
@@ -161,11 +175,14 @@ def learn(
     for name, seen in obs.sections.items():
         if not monitored.monitors(name):
             continue
-        allowed = {
-            STEP: enough_steps,
-            SETUP: obs.checkpoint_loaded,
-            CHECKPOINTING: obs.checkpoint_saved,
-        }.get(name, True)
+        if name == STEP:
+            allowed = enough_steps
+        elif name in SETUP:
+            allowed = obs.checkpoint_loaded
+        elif name in CHECKPOINTING:
+            allowed = obs.checkpoint_saved
+        else:
+            allowed = True
         value = merge(previous.sections.get(name), seen, allowed)
         if value is not None:
             sections[name] = value

@@ -102,6 +102,7 @@ class RankWatch:
     section_count: dict[str, int] = field(default_factory=dict)
     max_out_of_section: float = 0.0
     timed_steps: int = 0  # step sections closed outside warm-up
+    closed: bool = False  # the rank said bye: no more deadlines, observations kept
 
     def __post_init__(self) -> None:
         if self.out_of_section_since is None:
@@ -168,6 +169,8 @@ class RankWatch:
 
     def deadline(self, timeouts: Timeouts) -> Deadline | None:
         """The earliest deadline this rank must meet next, or None."""
+        if self.closed:
+            return None
         candidates = [d for d in self._deadlines(timeouts) if d is not None]
         return min(candidates, key=lambda d: d.at) if candidates else None
 

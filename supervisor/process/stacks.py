@@ -17,7 +17,7 @@ import signal
 import time
 from pathlib import Path
 
-QUIET = 0.05  # the dump is complete once the log has not grown for this long
+QUIET = 0.03  # the dump is complete once the log has not grown for this long
 MAX_DUMP = 256 * 1024
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from supervisor.core.errorfile import order_failures
 from supervisor.core.states import RankState
 from supervisor.core.types import RankFailure
@@ -13,13 +15,17 @@ from supervisor.runtime.monitor import Monitor
 
 
 async def collect_stacks(gen: Generation, monitor: Monitor, timeout: float, events: EventLog) -> None:
-    """Every live rank's stacks (the hung one first) into its log, before the kill."""
-    order = sorted(gen.ranks.values(), key=lambda r: r.slot.local_rank not in gen.hangs)
-    for rank in order:
-        signum = monitor.stack_signals.get(rank.slot.rank)
-        if signum is None or rank.returncode is not None:
-            continue
-        text = await dump_stacks(rank.pid, signum, rank.files.stderr, timeout)
+    """Every live rank's stacks into its log, before the kill: all at once, since
+    this is on the critical path of the restart."""
+    ranks = [
+        r
+        for r in gen.ranks.values()
+        if r.returncode is None and monitor.stack_signals.get(r.slot.rank) is not None
+    ]
+    texts = await asyncio.gather(
+        *(dump_stacks(r.pid, monitor.stack_signals[r.slot.rank], r.files.stderr, timeout) for r in ranks)
+    )
+    for rank, text in zip(ranks, texts, strict=True):
         gen.stacks[rank.slot.local_rank] = text
         events.emit(
             "stacks_dumped",

@@ -244,7 +244,7 @@ class Supervisor:
             section=hang.section,
             open_for=round(hang.open_for, 3),
             timeout=hang.timeout,
-            late_by=round(hang.late_by, 4),
+            late_by=round(hang.late_by, 6),
         )
         gen.hung(slot.local_rank, hang, self.clock.wall() - hang.late_by)
 

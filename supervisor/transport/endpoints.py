@@ -31,7 +31,7 @@ from supervisor.transport.schema import MAX_MESSAGE
 # what one message can make the daemon allocate. Between MAX_MESSAGE and this,
 # messages are received, counted as oversized and dropped.
 HARD_CAP = 4 * MAX_MESSAGE
-RCV_HWM = 100_000
+RCV_HWM = 10_000  # queued messages per peer: bounds the daemon's memory under bursts
 
 
 class EndpointError(RuntimeError):

@@ -113,6 +113,7 @@ class WorkloadRequest:
     gen: int
     action: Request
     reason: str
+    id: str | None = None  # when set, the daemon acknowledges: {"v": 1, "type": "ack", "id": ...}
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +196,8 @@ def _decode_timeouts(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
 
 def _decode_request(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
     action = _enum(Request, m.get("action"), "action")
-    return WorkloadRequest(rank, gen, action, _str(m, "reason", optional=True, limit=4096) or "")
+    reason = _str(m, "reason", optional=True, limit=4096) or ""
+    return WorkloadRequest(rank, gen, action, reason, _str(m, "id", optional=True, limit=64))
 
 
 _DECODERS: dict[str, Callable[[dict[str, Any], int, int], RankMessage]] = {

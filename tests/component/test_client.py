@@ -62,7 +62,7 @@ def test_messages_the_daemon_gets(router, tmp_path: Path) -> None:  # type: igno
         with client.section("unmonitored"):   # costs nothing, sends nothing
             pass
         client.report_iteration(7)
-        client.request("abort", "data is corrupt")
+        print(client.request("abort", "data is corrupt", timeout=0.2))  # nobody acks here
         client.report_checkpoint("saved")
         client.load_state_dict(client.state_dict())
         pid = os.fork()
@@ -78,6 +78,7 @@ def test_messages_the_daemon_gets(router, tmp_path: Path) -> None:  # type: igno
         tmp_path,
     )
     assert r.returncode == 0, r.stderr
+    assert r.stdout == "False\n"
     senders = _drain(sock, 10)
     assert sorted(len(v) for v in senders.values()) == [1, 9]
     child = next(v for v in senders.values() if len(v) == 1)
@@ -137,3 +138,38 @@ def test_a_daemon_that_never_reads_never_blocks_training(tmp_path: Path) -> None
     )
     assert r.returncode == 0, r.stderr
     assert int(r.stdout) > 0  # beyond the high-water mark, dropped instead of waited for
+
+
+def test_a_request_is_acknowledged_and_calls_after_shutdown_stay_silent(router, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    sock, endpoint = router
+    env = dict(os.environ, RANK="0")
+    env[ENV_RANKS_ENDPOINT] = endpoint
+    rank = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent("""
+            from supervisor import client
+            print(client.request("reschedule", "bad node", timeout=30), flush=True)
+            client.shutdown()
+            client.heartbeat()          # no-ops now: no reconnect, no second hello
+            client.start_section("step")
+            print(client.is_active(), flush=True)
+        """)],
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        seen = []
+        while sock.poll(10_000):
+            identity, payload = sock.recv_multipart()
+            m = orjson.loads(payload)
+            seen.append(m["type"])
+            if m["type"] == "request":
+                sock.send_multipart([identity, orjson.dumps({"v": 1, "type": "ack", "id": m["id"]})])
+            if m["type"] == "bye":
+                break
+        out, _ = rank.communicate(timeout=30)
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+            rank.wait()
+    assert out == "True\nFalse\n"
+    assert seen == ["hello", "request", "bye"]
+    assert not sock.poll(200)  # nothing after the bye

@@ -211,3 +211,22 @@ def test_a_stopped_rank_is_not_left_stopped(start: Start) -> None:
     pid = wait_until(lambda: next((p for p in rank_pids(d, 0)[1:] if proc_state(p) == "T"), None), 30, "stop")
     assert d.wait() == 1
     assert proc_state(pid) is None
+
+
+def test_a_clean_run_that_says_bye_still_teaches_timeouts(start: Start, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    d = start(*FAST, "--state-dir", str(state), "--ft-rank-section-timeouts", "step:none,checkpointing:none",
+              "--ft-num-warmup-iterations", "2", MONITORED, "--section", "step", "--steps", "24",
+              "--checkpoint-every", "8", "--bye")  # fmt: skip
+    assert d.wait() == 0, d.stderr()
+    learned = d.events("timeouts_learned")[0]["learned"]["sections"]
+    assert set(learned) == {"step", "checkpointing"}
+    assert json.loads((state / "timeouts.json").read_text())["learned"]["sections"] == learned
+
+
+def test_a_request_made_just_before_exiting_reaches_the_daemon(start: Start) -> None:
+    d = start(*FAST, "--max-restarts", "3", MONITORED, "--request-and-exit", "reschedule", "--steps", "1")
+    assert d.wait() == 1
+    assert [(e["rank"], e["action"]) for e in d.events("workload_request")] == [(1, "reschedule")]
+    decision = d.events("decision")[0]
+    assert (decision["action"], decision["reason"]) == ("reschedule", "workload_request")

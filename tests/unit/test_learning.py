@@ -103,3 +103,38 @@ def test_nothing_unmonitored_is_learned() -> None:
 def test_a_learned_timeout_has_a_floor() -> None:
     obs = Observations(sections={"step": 0.01}, timed_steps=20)
     assert learning.learn(Learned(), obs, ALL, 5.0).sections == {"step": learning.FLOOR}
+
+
+def test_learned_values_never_create_an_unconfigured_deadline() -> None:
+    learned = Learned(initial_heartbeat=3.0, heartbeat=2.0, out_of_section=1.0, sections={"step": 9.0})
+    effective = learned.over(Timeouts(sections={"step": None}))
+    assert (effective.initial_heartbeat, effective.heartbeat, effective.out_of_section) == (None, None, None)
+    assert effective.sections == {"step": 9.0}
+
+
+def test_loaded_state_fills_gaps_but_never_overrides_what_was_learned_here() -> None:
+    here = Learned(heartbeat=2.0, sections={"step": 9.0})
+    loaded = Learned(heartbeat=50.0, out_of_section=7.0, sections={"step": 99.0, "setup": 30.0})
+    assert here.filled_from(loaded) == Learned(
+        heartbeat=2.0, out_of_section=7.0, sections={"step": 9.0, "setup": 30.0}
+    )
+
+
+def test_nvrx_section_names_follow_the_same_rules() -> None:
+    monitored = Timeouts(sections={"init": None, "checkpoint": None})
+    unloaded = Observations(sections={"init": 2.0, "checkpoint": 1.0})
+    assert learning.learn(Learned(), unloaded, monitored, 5.0).sections == {}
+    ready = Observations(
+        sections={"init": 2.0, "checkpoint": 1.0}, checkpoint_loaded=True, checkpoint_saved=True
+    )
+    assert learning.learn(Learned(), ready, monitored, 5.0).sections == {"init": 10.0, "checkpoint": 5.0}
+
+
+def test_a_closed_checkpointing_section_alone_is_not_a_save() -> None:
+    t = Timeouts(sections={"checkpointing": None})
+    w = RankWatch(0, 0.0)
+    w.open_section("checkpointing", 1.0)  # an async finalisation, say
+    w.close_section("checkpointing", 1.1, t)
+    assert not observe([w]).checkpoint_saved
+    w.checkpoint_saved = True
+    assert observe([w]).checkpoint_saved

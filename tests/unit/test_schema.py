@@ -28,8 +28,8 @@ def test_every_rank_message_round_trips() -> None:
             schema.LoadTimeouts(1, 2, {"heartbeat": 3}),
         ),
         (
-            schema.encode("request", rank=1, gen=2, action="abort", reason="bad data"),
-            schema.WorkloadRequest(1, 2, schema.Request.ABORT, "bad data"),
+            schema.encode("request", rank=1, gen=2, action="abort", reason="bad data", id="r1"),
+            schema.WorkloadRequest(1, 2, schema.Request.ABORT, "bad data", "r1"),
         ),
         (schema.encode("bye", rank=1, gen=2), schema.Bye(1, 2)),
     ]

@@ -23,6 +23,16 @@ def _fail() -> object:
     raise AssertionError("expected a hang")
 
 
+def test_a_rank_that_said_bye_has_no_deadline_but_keeps_its_observations() -> None:
+    t = Timeouts(heartbeat=1.0)
+    w = RankWatch(rank=0, started=0.0)
+    w.heartbeat(0.5)
+    w.heartbeat(1.0)
+    w.closed = True
+    assert w.deadline(t) is None and w.expired(t, 1e9) is None
+    assert w.max_heartbeat_gap == 0.5
+
+
 def test_no_timeouts_no_deadline() -> None:
     w = RankWatch(rank=0, started=0.0)
     w.open_section("step", 1.0)

@@ -1,0 +1,416 @@
+"""nvidia-resiliency-ext's ``RankMonitorClient``, over the ft-supervisor client.
+
+Code written for NVRx's fault-tolerance package runs under ft-supervisor after
+changing one import::
+
+    import nvidia_resiliency_ext.fault_tolerance as fault_tolerance   # before
+    import supervisor.client.nvrx as fault_tolerance                  # after
+
+    ft_client = fault_tolerance.RankMonitorClient()
+    ft_client.init_workload_monitoring()
+    ft_client.start_section("step"); ...; ft_client.end_section("step")
+    ft_client.send_heartbeat()
+
+What differs, on purpose:
+
+* Timeouts are learned by the daemon, which sees every message: no collective
+  runs in the training loop, ever. ``calculate_and_set_hb_timeouts`` and
+  ``calculate_and_set_section_timeouts`` keep NVRx's contract (True when this
+  rank saw enough to compute the requested timeouts, else False or
+  ``RankMonitorClientError`` unless ``skip_if_not_ready``) but send nothing:
+  the daemon learns at the end of each generation, by its own rules, and the
+  values apply from the next generation on. Which sections the workload asks
+  to calculate, and when, is therefore not heard: the daemon's rules know
+  Megatron's names and NVRx's (``step`` after 16 timed steps,
+  ``checkpointing``/``checkpoint`` after a reported save, ``setup``/``init``
+  only after a checkpoint load) and learn any other monitored section once it
+  completed.
+* ``state_dict()`` is NVRx's ``{"current_timeouts": {"heartbeat": ...,
+  "section": ...}}`` plus our own ``ft_supervisor_timeouts`` entry (NVRx ignores
+  it), so the same JSON file serves either launcher. ``load_state_dict()``
+  takes either form; values the daemon learned itself win over loaded ones,
+  which fill in what it has not learned (a run moved to a node that has no
+  state of its own). Only what this run monitors is applied (an old heartbeat
+  timeout must not end ranks that send no heartbeats: the daemon never puts a
+  deadline where none was configured); the rest is kept in ``state_dict()``.
+* ``init_workload_monitoring(num_warmup_iters=)`` cannot change the daemon's
+  warm-up (``--ft-num-warmup-iterations``); a different value is logged.
+* ``send_workload_control_request`` waits (2 s at most) for the daemon's
+  acknowledgement, as NVRx's waits for the launcher's reply, so a rank may exit
+  right after it.
+* No daemon (the script run by hand or under plain torchrun): every call is a
+  no-op after the client's one warning, instead of NVRx's error.
+* Calls before ``init_workload_monitoring`` raise ``RankMonitorClientError`` as
+  in NVRx, except ``state_dict``, ``load_state_dict`` and
+  ``send_workload_control_request``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from supervisor import client
+from supervisor.core.learning import Learned
+from supervisor.transport.schema import Request
+
+__all__ = [
+    "HeartbeatTimeouts",
+    "RankMonitorClient",
+    "RankMonitorClientError",
+    "SectionTimeouts",
+    "WorkloadAction",
+    "WorkloadControlRequest",
+    "apply_learned",
+    "learned_from_state",
+    "to_nvrx_state",
+]
+
+NVRX_KEY = "current_timeouts"
+OURS_KEY = "ft_supervisor_timeouts"
+
+
+class RankMonitorClientError(Exception):
+    pass
+
+
+@dataclass
+class HeartbeatTimeouts:
+    """NVRx's heartbeat timeouts: ``initial`` (to the first heartbeat), ``subsequent`` (between)."""
+
+    initial: float | None = None
+    subsequent: float | None = None
+    were_calculated: bool | None = None
+
+    @property
+    def are_valid(self) -> bool:
+        return self.initial is not None and self.subsequent is not None
+
+
+@dataclass
+class SectionTimeouts:
+    """NVRx's section timeouts; ``calculated_sections`` were learned, not configured."""
+
+    section: Mapping[str, float | None] = field(default_factory=dict)
+    out_of_section: float | None = None
+    calculated_sections: set[str] = field(default_factory=set)
+    is_out_of_section_calculated: bool = False
+
+    def __post_init__(self) -> None:
+        self.calculated_sections = set(self.calculated_sections)
+
+    @property
+    def were_calculated(self) -> bool:
+        return self.calculated_sections == set(self.section) and self.is_out_of_section_calculated
+
+    @property
+    def are_valid(self) -> bool:
+        return all(t is not None for t in self.section.values()) and self.out_of_section is not None
+
+
+class WorkloadAction(Enum):
+    """What a rank may ask of the launcher (NVRx's values)."""
+
+    Continue = 0  # NVRx's names
+    ExcludeThisNode = 1
+    ShutdownWorkload = 2
+
+
+# by name, so that NVRx's own WorkloadAction members map too
+_ACTIONS = {
+    WorkloadAction.Continue.name: Request.CONTINUE,
+    WorkloadAction.ExcludeThisNode.name: Request.EXCLUDE_NODE,
+    WorkloadAction.ShutdownWorkload.name: Request.SHUTDOWN,
+}
+
+
+class WorkloadControlRequest:
+    def __init__(self, action: WorkloadAction, description: str = "<not set>") -> None:
+        self.action = action
+        self.description = description
+
+    def __str__(self) -> str:
+        return f"WorkloadControlRequest(action={self.action}, description={self.description})"
+
+
+# -- state mapping (pure) ---------------------------------------------------------------
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _seconds(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
+
+
+def to_nvrx_state(timeouts: Mapping[str, Any]) -> dict[str, Any]:
+    """NVRx's state (``{"current_timeouts": ...}``) from ours (``client.state_dict()[OURS_KEY]``).
+
+    As NVRx does, only what was calculated (learned) is there: ``heartbeat`` when
+    either heartbeat timeout was learned, ``section`` when a section or the
+    out-of-section timeout was. Values are those in force.
+    """
+    learned = Learned.from_json(timeouts.get("learned"))
+    current: dict[str, Any] = {}
+    if learned.initial_heartbeat is not None or learned.heartbeat is not None:
+        current["heartbeat"] = {
+            "initial": _seconds(timeouts.get("initial_heartbeat")) or learned.initial_heartbeat,
+            "subsequent": _seconds(timeouts.get("heartbeat")) or learned.heartbeat,
+            "were_calculated": True,
+        }
+    in_force = {str(k): _seconds(v) for k, v in _mapping(timeouts.get("sections")).items()}
+    in_force.update({k: v for k, v in learned.sections.items() if k not in in_force})
+    if learned.sections or learned.out_of_section is not None:
+        current["section"] = {
+            "section": in_force,
+            "out_of_section": _seconds(timeouts.get("out_of_section")) or learned.out_of_section,
+            "calculated_sections": sorted(learned.sections),
+            "is_out_of_section_calculated": learned.out_of_section is not None,
+        }
+    return {NVRX_KEY: current}
+
+
+def _from_nvrx(current: Mapping[str, Any]) -> Learned:
+    hb = current.get("heartbeat")
+    initial = heartbeat = None
+    if isinstance(hb, Mapping) and hb.get("were_calculated"):
+        initial, heartbeat = _seconds(hb.get("initial")), _seconds(hb.get("subsequent"))
+    sec = current.get("section")
+    sections: dict[str, float] = {}
+    out_of_section = None
+    if isinstance(sec, Mapping):
+        values = _mapping(sec.get("section"))
+        calculated = sec.get("calculated_sections")
+        for name in calculated if isinstance(calculated, list | tuple | set | frozenset) else ():
+            seconds = _seconds(values.get(name))
+            if seconds is not None:
+                sections[str(name)] = seconds
+        if sec.get("is_out_of_section_calculated"):
+            out_of_section = _seconds(sec.get("out_of_section"))
+    return Learned(initial, heartbeat, sections, out_of_section)
+
+
+def learned_from_state(state: object) -> Learned | None:
+    """Learned timeouts from a saved state: ours, or NVRx's; None if neither.
+
+    Ours is exact and preferred when both are there. Anything malformed inside
+    is skipped, never raised: a state file is input from an earlier run.
+    """
+    if not isinstance(state, Mapping):
+        return None
+    ours = state.get(OURS_KEY)
+    if isinstance(ours, Mapping):
+        return Learned.from_json(ours.get("learned"))
+    nvrx = state.get(NVRX_KEY)
+    if isinstance(nvrx, Mapping):
+        return _from_nvrx(nvrx)
+    return None
+
+
+def apply_learned(timeouts: Mapping[str, Any], learned: Learned) -> dict[str, Any]:
+    """Our timeouts view with ``learned`` in force where the view monitors something
+    (as the daemon applies it); all of it kept as learned."""
+    view = dict(timeouts)
+    for key, value in (
+        ("initial_heartbeat", learned.initial_heartbeat),
+        ("heartbeat", learned.heartbeat),
+        ("out_of_section", learned.out_of_section),
+    ):
+        if value is not None and view.get(key) is not None:
+            view[key] = value
+    sections = dict(_mapping(timeouts.get("sections")))
+    view["sections"] = {k: learned.sections.get(k, v) for k, v in sections.items()}
+    view["learned"] = learned.to_json()
+    return view
+
+
+# -- the client -------------------------------------------------------------------------
+
+
+class RankMonitorClient:
+    """NVRx's ``RankMonitorClient`` API; one per rank process, like NVRx's."""
+
+    CURRENT_TIMEOUTS_STATE_KEY = NVRX_KEY
+
+    def __init__(self) -> None:
+        self.is_initialized = False
+        self.logger = logging.getLogger("RankMonitorClient")
+        self._active = False
+        self._fresh = Learned()  # what the daemon had learned when this rank started
+        self._view: dict[str, Any] = {}  # our timeouts, as in force for this rank
+        self._loaded: Learned | None = None  # loaded before init, sent at init
+        self._heartbeats = 0
+        self._open: set[str] = set()
+        self._closed: set[str] = set()
+
+    # -- life cycle --
+
+    def init_workload_monitoring(self, num_warmup_iters: int | None = None) -> None:
+        if self.is_initialized:
+            raise RankMonitorClientError("RankMonitorClient is already initialized")
+        self._active = client.init()
+        self._view = dict(client.state_dict()[OURS_KEY])
+        self._fresh = Learned.from_json(self._view.get("learned"))
+        self._heartbeats = 0
+        self._open, self._closed = set(), set()
+        self.is_initialized = True
+        warmup = self._view.get("warmup_iterations")
+        if self._active and num_warmup_iters is not None and num_warmup_iters != warmup:
+            self.logger.warning(
+                "num_warmup_iters=%s is not used: ft-supervisor applies its own warm-up "
+                "(--ft-num-warmup-iterations, %s here)",
+                num_warmup_iters,
+                warmup,
+            )
+        if self._loaded is not None:
+            self._send_loaded(self._loaded)
+
+    def shutdown_workload_monitoring(self) -> None:
+        if self.is_initialized:
+            client.shutdown()
+            self.is_initialized = False
+
+    def _ensure_is_ready(self) -> None:
+        if not self.is_initialized:
+            raise RankMonitorClientError("RankMonitorClient is not initialized")
+
+    # -- signs of life --
+
+    def send_heartbeat(self) -> None:
+        self._ensure_is_ready()
+        client.heartbeat()
+        self._heartbeats += 1
+
+    def start_section(self, section: str) -> None:
+        self._ensure_is_ready()
+        client.start_section(section)
+        self._open.add(section)
+
+    def end_section(self, section: str) -> None:
+        self._ensure_is_ready()
+        client.end_section(section)
+        if section in self._open:
+            self._open.discard(section)
+            self._closed.add(section)
+
+    def end_all_sections(self) -> None:
+        self._ensure_is_ready()
+        client.end_all_sections()
+        self._closed |= self._open
+        self._open = set()
+
+    # -- timeouts --
+
+    @property
+    def hb_timeouts(self) -> HeartbeatTimeouts | None:
+        if not self.is_initialized:
+            return None
+        learned = self._view.get("learned") or {}
+        return HeartbeatTimeouts(
+            initial=_seconds(self._view.get("initial_heartbeat")),
+            subsequent=_seconds(self._view.get("heartbeat")),
+            were_calculated=learned.get("initial_heartbeat") is not None
+            or learned.get("heartbeat") is not None,
+        )
+
+    @property
+    def section_timeouts(self) -> SectionTimeouts | None:
+        if not self.is_initialized:
+            return None
+        learned = self._view.get("learned") or {}
+        raw = self._view.get("sections")
+        sections = {str(k): _seconds(v) for k, v in _mapping(raw).items()}
+        return SectionTimeouts(
+            section=sections,
+            out_of_section=_seconds(self._view.get("out_of_section")),
+            calculated_sections={k for k in learned.get("sections") or {} if k in sections},
+            is_out_of_section_calculated=learned.get("out_of_section") is not None,
+        )
+
+    def _monitored(self) -> set[str]:
+        raw = self._view.get("sections")
+        return set(raw) if isinstance(raw, Mapping) else set()
+
+    def calculate_and_set_hb_timeouts(self, skip_if_not_ready: bool = False) -> bool:
+        """True when this rank sent enough heartbeats (two) for the daemon to learn from.
+
+        Sends nothing and runs no collective: the daemon learns heartbeat timeouts
+        itself, at the end of the generation, for the next one.
+        """
+        self._ensure_is_ready()
+        return self._ready(self._active and self._heartbeats >= 2, skip_if_not_ready)
+
+    def calculate_and_set_section_timeouts(
+        self,
+        selected_sections: Collection[str] | None = None,
+        calc_out_of_section: bool = True,
+        skip_if_not_ready: bool = False,
+    ) -> bool:
+        """True when every selected monitored section was completed at least once here.
+
+        Sends nothing and runs no collective: the daemon learns section and
+        out-of-section timeouts itself, at the end of the generation, for the
+        next one. A selected section the daemon does not monitor is never ready.
+        """
+        self._ensure_is_ready()
+        selected = set(selected_sections) if selected_sections else self._monitored()
+        ready = selected <= (self._closed & self._monitored())
+        return self._ready(self._active and ready, skip_if_not_ready)
+
+    def _ready(self, ready: bool, skip_if_not_ready: bool) -> bool:
+        if ready:
+            return True
+        if not self._active or skip_if_not_ready:
+            return False  # no daemon: nothing to learn, and nothing to fail training for
+        raise RankMonitorClientError("Not enough data to compute timeouts.")
+
+    # -- state --
+
+    def state_dict(self) -> dict[str, Any]:
+        """NVRx's form, and ours beside it; the same on every rank."""
+        if self.is_initialized:
+            view = self._view
+        else:  # NVRx would fail here; what a load before init will bring is the best answer
+            view = {"learned": self._loaded.to_json()} if self._loaded is not None else {}
+        state = to_nvrx_state(view)
+        if view:
+            state[OURS_KEY] = dict(view)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """A state from ``state_dict``, ours or NVRx's; before or after ``init_workload_monitoring``."""
+        loaded = learned_from_state(state)
+        if loaded is None:
+            return
+        if self.is_initialized:
+            self._send_loaded(loaded)
+        else:
+            self._loaded = loaded
+
+    def _send_loaded(self, loaded: Learned) -> None:
+        self._loaded = None
+        if loaded == Learned():
+            return
+        # as the daemon merges it: what it learned itself wins, the loaded state fills gaps
+        merged = self._fresh.filled_from(loaded)
+        # kept even without a daemon: a script run by hand then saves what it loaded
+        self._view = apply_learned(self._view, merged)
+        if self._active and merged != self._fresh:
+            client.load_state_dict({OURS_KEY: {"learned": loaded.to_json()}})
+
+    # -- workload control --
+
+    def send_workload_control_request(self, req: WorkloadControlRequest) -> None:
+        """Ask the daemon for an outcome: continue, exclude this node, or shut the workload down."""
+        name = getattr(getattr(req, "action", None), "name", None)
+        action = _ACTIONS.get(name) if isinstance(name, str) else None
+        if action is None:
+            raise RankMonitorClientError(f"not a WorkloadControlRequest with a WorkloadAction: {req!r}")
+        client.request(action, str(req.description))

@@ -1,0 +1,206 @@
+"""The client adapters under the real daemon: an NVRx script, Megatron's hooks, simulated faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from supervisor.client import nvrx
+from supervisor.client.faults import SimulatedFault
+from supervisor.core.topology import ENV_PREFIX
+from tests.support import RANKS, Daemon
+
+NVRX = str(RANKS / "nvrx_style.py")
+MEGATRON = str(RANKS / "megatron_style.py")
+FAULTY = str(RANKS / "faulty.py")
+FAST = ("--nproc-per-node", "2", "--preload", "none", "--max-restarts", "1")
+Start = Callable[..., Daemon]
+
+
+def _log(d: Daemon, generation: int, rank: int, name: str = "stderr.log") -> str:
+    run_dir = d.run_dir()
+    assert run_dir is not None
+    return (run_dir / f"gen_{generation}" / f"local_rank_{rank}" / name).read_text()
+
+
+def _hangs(d: Daemon) -> list[tuple[int, int, str, str | None]]:
+    return [(e["generation"], e["rank"], e["kind"], e["section"]) for e in d.events("rank_hung")]
+
+
+def _restarted_after(d: Daemon, reason: str) -> None:
+    decisions = [(e["generation"], e["action"], e["reason"]) for e in d.events("decision")]
+    assert decisions == [(0, "restart", reason)]
+    assert "rank 0 generation 1 done" in d.stdout() and "rank 1 generation 1 done" in d.stdout()
+
+
+def test_an_unmodified_nvrx_script_hangs_is_dumped_and_restarted(start: Start, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    d = start(*FAST, "--ft-rank-section-timeouts", "init:10,step:1,checkpoint:10",
+              "--ft-rank-out-of-section-timeout", "10", "--ft-rank-heartbeat-timeout", "10",
+              NVRX, "--output_dir", str(out), "--hang_rank", "0", "--hang_iter", "7")  # fmt: skip
+    assert d.wait() == 0, d.stderr()
+    assert _hangs(d) == [(0, 0, "section", "step")]
+    dumped = next(e for e in d.events("stacks_dumped") if e["hung"])
+    assert dumped["rank"] == 0 and "in training_loop" in dumped["stacks"]
+    assert "in training_loop" in _log(d, 0, 0)
+    _restarted_after(d, "rank_hung")
+    assert not d.events("message_dropped")
+    # nothing in generation 0 may teach the daemon a timeout: `init` is only learned
+    # from a generation that loaded a checkpoint, `checkpoint` after a reported
+    # save, `step` after 16 timed steps (the hang came at 7)
+    assert not d.events("timeouts_learned")
+    state = json.loads((out / "ft_state.json").read_text())
+    assert state["ft_supervisor_timeouts"]["learned"]["sections"] == {}
+    assert state["current_timeouts"] == {}  # NVRx's form: nothing calculated
+
+
+# what NVRx's RankMonitorClient.state_dict() wrote after a run under ft_launcher
+NVRX_STATE = {
+    "current_timeouts": {
+        "heartbeat": {"initial": 120.0, "subsequent": 20.0, "were_calculated": True},
+        "section": {
+            "section": {"init": 40.0, "step": 3.5, "checkpoint": None},
+            "out_of_section": 25.0,
+            "calculated_sections": ["checkpoint", "step"],
+            "is_out_of_section_calculated": True,
+        },
+    }
+}
+
+
+def test_an_nvrx_state_file_brings_its_timeouts_to_the_daemon(start: Start, tmp_path: Path) -> None:
+    """A run moved from ft_launcher: NVRx's ft_state.json is loaded; what is monitored here applies."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "ft_state.json").write_text(json.dumps(NVRX_STATE))
+    d = start(*FAST, "--ft-rank-section-timeouts", "init:10,step:10,checkpoint:10",
+              "--ft-rank-heartbeat-timeout", "30", NVRX, "--output_dir", str(out))  # fmt: skip
+    assert d.wait() == 0, d.stderr()
+    # the daemon keeps all it was given, and applies what is monitored here: no
+    # initial-heartbeat or out-of-section timeout is configured, so those are not
+    restored = d.events("timeouts_restored")
+    assert [e["timeouts"] for e in restored] == [
+        {"initial_heartbeat": 120.0, "heartbeat": 20.0, "sections": {"step": 3.5}, "out_of_section": 25.0}
+    ]
+    assert "'step': 3.5" in _log(d, 0, 1, "stdout.log")  # section_timeouts after the load
+    assert not d.events("rank_hung")  # no deadline appeared for what is not monitored
+    # rank 0 rewrote the file: nothing lost, ours beside NVRx's
+    state = json.loads((out / "ft_state.json").read_text())
+    assert state["ft_supervisor_timeouts"]["learned"] == {
+        "initial_heartbeat": 120.0,
+        "heartbeat": 20.0,
+        "sections": {"step": 3.5},
+        "out_of_section": 25.0,
+    }
+    assert state["current_timeouts"]["heartbeat"]["subsequent"] == 20.0
+
+
+@pytest.mark.parametrize(("request_", "action"), [("exclude", "reschedule"), ("shutdown", "continue")])
+def test_nvrx_workload_control_requests_reach_the_daemon(
+    start: Start, tmp_path: Path, request_: str, action: str
+) -> None:
+    d = start(*FAST, "--ft-rank-section-timeouts", "init:10,step:10,checkpoint:10",
+              NVRX, "--output_dir", str(tmp_path / "out"),
+              "--fail_rank", "1", "--fail_iter", "3", "--fail_request", request_)  # fmt: skip
+    d.wait()
+    asked = {"exclude": "exclude_node", "shutdown": "shutdown"}[request_]
+    requests = d.events("workload_request")
+    assert [(e["rank"], e["action"]) for e in requests] == [(1, asked)]
+    assert "uncorrectable ECC error" in requests[0]["reason"]
+    decisions = [(e["action"], e["reason"]) for e in d.events("decision")]
+    assert decisions == [(action, "workload_request")]
+    assert [e["generation"] for e in d.events("generation_started")] == [0]  # no restart
+
+
+def test_megatron_hooks_step_times_out_after_warmup(start: Start, tmp_path: Path) -> None:
+    save = tmp_path / "save"
+    # warm-up steps (0.7 s) exceed the step timeout, and together the setup one:
+    # neither trips, because the hooks close `setup` at the first step and the
+    # daemon exempts the first 2 steps; the hang in iteration 20 does trip
+    d = start(*FAST, "--ft-rank-section-timeouts", "setup:1,step:0.5,checkpointing:5",
+              "--ft-rank-out-of-section-timeout", "5", "--ft-num-warmup-iterations", "2",
+              MEGATRON, "--save-dir", str(save), "--slow-warmup", "2", "--slow-time", "0.7",
+              "--save-every", "8", "--eval-every", "10", "--hang-rank", "1", "--hang-iter", "20")  # fmt: skip
+    assert d.wait() == 0, d.stderr()
+    assert _hangs(d) == [(0, 1, "section", "step")]
+    dumped = next(e for e in d.events("stacks_dumped") if e["hung"])
+    assert dumped["rank"] == 1 and "megatron_style.py" in dumped["stacks"]
+    _restarted_after(d, "rank_hung")
+    # 18 timed steps and completed saves in generation 0: `step` and `checkpointing` learned,
+    # and kept by rank 0 in ft_state.json in both forms
+    learned = d.events("timeouts_learned")[0]["learned"]
+    assert {"step", "checkpointing"} <= set(learned["sections"])
+    state = json.loads((save / "ft_state.json").read_text())
+    assert state["ft_supervisor_timeouts"]["learned"]["sections"] == learned["sections"]
+    assert {"step", "checkpointing"} <= set(state["current_timeouts"]["section"]["calculated_sections"])
+
+
+RUN_ID = "t"  # the start fixture's --rdzv-id: TORCHELASTIC_RUN_ID, which seeds random choices
+
+
+@pytest.mark.parametrize(
+    "desc",
+    ["rank_hung;1;0.3;0", "sleep;0;0.3;0", "exception;1;0.3;0", "rank_killed;random;0.3;0"],
+)
+def test_simulated_faults_are_detected_and_recovered(start: Start, desc: str) -> None:
+    fault = SimulatedFault.parse(desc)
+    kind, rank, _ = fault.resolve(2, f"{RUN_ID}:0")  # what both ranks drew
+    env = dict(os.environ, FT_SIM_FAULT_DESC=desc)
+    d = start(*FAST, "--ft-rank-heartbeat-timeout", "0.5", "--ft-rank-section-timeouts", "step:5",
+              FAULTY, env=env, run_id=RUN_ID)  # fmt: skip
+    assert d.wait() == 0, d.stderr()
+    assert f"rank {rank} generation 0 armed=True" in d.stdout()
+    assert f"rank {1 - rank} generation 0 armed=False" in d.stdout()
+    assert "generation 1 armed=True" not in d.stdout()  # generation 0 only
+    assert f"FT: simulating fault: {kind} on rank {rank}" in _log(d, 0, rank)
+    if kind in ("rank_hung", "sleep"):
+        assert _hangs(d) == [(0, rank, "heartbeat", None)]
+        dumped = next(e for e in d.events("stacks_dumped") if e["hung"])
+        assert dumped["rank"] == rank and "faulty.py" in dumped["stacks"]
+        if kind == "sleep":  # the main thread, stuck in the fault's handler
+            assert "faults.py" in dumped["stacks"] and "in handler" in dumped["stacks"]
+        _restarted_after(d, "rank_hung")
+    else:
+        failed = [e for e in d.events("rank_exited") if e["state"] == "failed"]
+        assert [e["rank"] for e in failed] == [rank]
+        if kind == "rank_killed":
+            assert failed[0]["signal"] == "SIGKILL"
+        else:
+            assert failed[0]["exit_code"] == 1
+            assert "SimulatedFaultError: simulated fault: exception on rank 1" in _log(d, 0, rank)
+        assert not d.events("rank_hung")
+        _restarted_after(d, "rank_failed")
+
+
+def _by_hand(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The script run without a daemon, as `python script.py` would run it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    env.update(RANK="0", TORCHELASTIC_RESTART_COUNT="0")
+    return subprocess.run([sys.executable, script, *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def test_without_a_daemon_the_adapters_are_no_ops_and_keep_the_state_file(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "ft_state.json").write_text(json.dumps(NVRX_STATE))
+    r = _by_hand(NVRX, "--output_dir", str(out), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "rank 0 generation 0 done" in r.stdout
+    assert r.stderr.count("no ft-supervisor daemon supervises this process") == 1
+    # the script saved its FT state as usual: what it had loaded, not an empty state
+    saved = json.loads((out / "ft_state.json").read_text())
+    assert nvrx.learned_from_state(saved) == nvrx.learned_from_state(NVRX_STATE)
+
+    save = tmp_path / "save"
+    r = _by_hand(MEGATRON, "--save-dir", str(save), "--save-every", "8", "--eval-every", "10", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "rank 0 generation 0 done" in r.stdout
+    assert r.stderr.count("no ft-supervisor daemon supervises this process") == 1
+    assert not (save / "ft_state.json").exists()  # nothing learned, nothing written
