@@ -54,15 +54,23 @@ class Console:
 
     def _drain(self) -> None:
         streams: dict[int, IO[bytes]] = {STDOUT: sys.stdout.buffer, STDERR: sys.stderr.buffer}
+        # flush every stream written since the queue last ran dry, not only the
+        # last one: a rank's final stdout line followed by the daemon's stderr
+        # event about its exit must not wait in stdout's buffer for more output
+        dirty: set[int] = set()
         while (item := self._queue.get()) is not _STOP:
             stream, data = item
-            out = streams[stream]
             try:
-                out.write(data)
-                if self._queue.empty():
-                    out.flush()
+                streams[stream].write(data)
             except (OSError, ValueError):
                 self.dropped += 1
+                continue
+            dirty.add(stream)
+            if self._queue.empty():
+                for written in dirty:
+                    with contextlib.suppress(OSError, ValueError):
+                        streams[written].flush()
+                dirty.clear()
 
 
 def _format_value(value: object) -> str:

@@ -31,6 +31,9 @@ def no_leaked_processes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     entry = f"{LEAK_KEY}={uuid.uuid4().hex}"
     key, value = entry.split("=")
     monkeypatch.setenv(key, value)
+    # CI's environment has no PYTHONUNBUFFERED; a developer's shell may, and
+    # then buffering bugs pass here and fail there
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
     yield
     probe = entry.encode()
     try:

@@ -1,9 +1,12 @@
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from supervisor.log import STDERR, STDOUT, Console
 from supervisor.process.tail import MAX_LINE, LogFollower
+from tests.support import wait_until
 
 
 class Captured(Console):
@@ -70,3 +73,30 @@ def test_console_drops_instead_of_blocking(tmp_path: Path) -> None:
         os.close(read_fd)
         os.close(write_fd)
         console.close(timeout=1)
+
+
+_INTERLEAVED = """
+import sys
+from supervisor.log import STDERR, STDOUT, Console
+console = Console()
+console.write(STDOUT, b"last line of a rank\\n")   # queued behind it: the daemon's event
+console.write(STDERR, b"rank_exited rank=0\\n")
+console.start()
+sys.stdin.read()   # stay alive, writing nothing more, until the test lets go
+console.close()
+"""
+
+
+def test_every_stream_written_is_flushed_when_the_queue_runs_dry(tmp_path: Path) -> None:
+    out, err = tmp_path / "out", tmp_path / "err"
+    # files, and no PYTHONUNBUFFERED: block-buffered, as the daemon's output is under CI
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    with out.open("wb") as o, err.open("wb") as e:
+        proc = subprocess.Popen([sys.executable, "-c", _INTERLEAVED],
+                                stdin=subprocess.PIPE, stdout=o, stderr=e, env=env)  # fmt: skip
+    try:
+        wait_until(err.read_bytes, 10, "the stderr line")
+        # the stdout line was written first: it must be out too, not held in a buffer
+        wait_until(lambda: out.read_bytes() == b"last line of a rank\n", 10, "the stdout line")
+    finally:
+        proc.communicate(b"", timeout=10)
