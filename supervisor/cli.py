@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from supervisor import ftconfig
+from supervisor import ftconfig, policyconfig
 from supervisor.config import (
     DEFAULT_SIGNALS,
     ConfigError,
@@ -62,6 +62,9 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
         "run",
         help="launch the ranks of this node (torchrun-compatible) and supervise them",
         description="Launch and supervise the ranks of one node. Accepts torchrun's options.",
+        # a prefix of one of our options after the script (train.py --kill 3) belongs to the
+        # script: argparse would take it as ours, or fail as ambiguous
+        allow_abbrev=False,
     )
     g = p.add_argument_group("torchrun options")
     _opt(g, "--nnodes", default="1:1", help="number of nodes, N or MIN:MAX (this version: 1)")
@@ -159,6 +162,7 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
     _opt(f, "--workers-stop-timeout", type=float, default=None, help=argparse.SUPPRESS)  # ft_launcher's name
     _opt(f, "--term-timeout", type=float, default=None, help=argparse.SUPPRESS)  # ft_launcher's name
     ftconfig.add_options(p.add_argument_group("hang detection (nvidia-resiliency-ext --ft-* names)"))
+    policyconfig.add_options(p.add_argument_group("failure policy: exit codes, rules, plugins"))
     p.add_argument("training_script", help="the training program (or module with -m)")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
     p.set_defaults(handler=_run, command_parser=p)
@@ -176,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     from supervisor import ctl  # noqa: PLC0415 - keeps `run` from importing zmq twice over
 
     ctl.add_commands(sub)
+    from supervisor import postmortem  # noqa: PLC0415
+
+    postmortem.add_commands(sub)
     return parser
 
 
@@ -269,6 +276,10 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         ft = ftconfig.from_namespace(ns, environ)
     except ftconfig.FtConfigError as exc:
         raise ConfigError(str(exc)) from None
+    try:
+        policy = policyconfig.from_namespace(ns, environ, ft)
+    except policyconfig.PolicyConfigError as exc:
+        raise ConfigError(str(exc)) from None
     log_dir = Path(ns.log_dir or "ft-supervisor-logs").absolute()
     run_id = _run_id(ns)
     shutdown = ns.workers_stop_timeout if ns.workers_stop_timeout is not None else ns.shutdown_timeout
@@ -291,6 +302,7 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         virtual_local_rank=ns.virtual_local_rank,
         log_level=ns.log_level,
         ft=ft,
+        policy=policy,
     )
 
 

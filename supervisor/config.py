@@ -18,6 +18,7 @@ from pathlib import Path
 from supervisor.core.topology import Topology
 from supervisor.ftconfig import FtConfig
 from supervisor.log import STDERR, STDOUT
+from supervisor.policyconfig import PolicyConfig
 from supervisor.process.spawn import Program
 
 
@@ -157,6 +158,7 @@ class RunConfig:
     virtual_local_rank: bool = False
     log_level: str = "info"
     ft: FtConfig = field(default_factory=FtConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
 
     def console_streams(self, local_rank: int) -> tuple[int, ...]:
         """Streams of a local rank shown on the console (torchrun's rules)."""

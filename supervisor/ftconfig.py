@@ -82,6 +82,19 @@ def _count(value: object) -> int:
     return n
 
 
+def _integer(value: object) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError
+    return int(str(value).strip()) if isinstance(value, str) else int(value)  # type: ignore[call-overload]
+
+
+def _positive_count(value: object) -> int:
+    n = _count(value)
+    if n < 1:
+        raise ValueError
+    return n
+
+
 def _factor(value: object) -> float:
     if isinstance(value, bool):
         raise TypeError
@@ -128,6 +141,9 @@ KEYS: dict[str, _Key] = {
     "rank_termination_signal": _Key(_signal, "a signal name such as SIGKILL, or its number"),
     "learn_timeouts": _Key(_flag, "true or false"),
     "stack_dump_timeout": _Key(_seconds, "seconds > 0"),
+    # the crash-loop guard (nvidia-resiliency-ext's progress tracker)
+    "max_no_progress_cycles": _Key(_integer, "an integer (0 or less: never abort for lack of progress)"),
+    "min_progress_iterations": _Key(_positive_count, "an integer >= 1"),
 }
 
 # nvidia-resiliency-ext settings (config fields and ft_launcher --ft-* options)
@@ -141,8 +157,8 @@ IGNORED = frozenset(
         "pci_topo_file", "link_down_path_template", "link_state_path_template",
         "skip_section_response",  # our sends never wait for a reply
         "segment", "numa_bind_strict", "gpu_memory_reclaim_timeout", "gpu_memory_tolerance_mb",
-        "gpu_memory_poll_interval", "check_remaining_processes", "max_no_progress_cycles",
-        "min_progress_iterations", "checkpoint_iteration_file", "install_exception_hook",
+        "gpu_memory_poll_interval", "check_remaining_processes",
+        "checkpoint_iteration_file", "install_exception_hook",
         "attribution_endpoint", "attribution_stop_action", "attribution_export_url",
         "cycle_info_dir", "log_level", "rdzv_impl", "restart_policy", "node_health_check_endpoint",
         "no_restart_exit_code", "per_cycle_applog_prefix", "nvrx_logfile", "enable_log_server",
@@ -164,6 +180,8 @@ class FtConfig:
     rank_termination_signal: int = int(signal.SIGKILL)
     learn_timeouts: bool = True
     stack_dump_timeout: float = 2.0
+    max_no_progress_cycles: int = 3
+    min_progress_iterations: int = 1
     ignored: tuple[str, ...] = ()  # settings given that have no effect here
 
     def timeouts(self) -> Timeouts:

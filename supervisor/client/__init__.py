@@ -23,10 +23,13 @@ import contextlib
 import faulthandler
 import os
 import signal
+import sys
 import threading
+import traceback
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping
+from types import TracebackType
 from typing import Any
 
 import orjson
@@ -35,7 +38,7 @@ from supervisor.client.channel import Channel
 from supervisor.core.learning import Learned
 from supervisor.core.topology import ENV_RANKS_ENDPOINT as ENV_ENDPOINT
 from supervisor.core.topology import ENV_TIMEOUTS
-from supervisor.transport.schema import Request, encode
+from supervisor.transport.schema import MAX_CAUSES, MAX_TRACEBACK, Request, encode
 
 __all__ = [
     "Request",
@@ -75,6 +78,7 @@ class _Client:
         self._heartbeat = encode("heartbeat", rank=self.rank, gen=self.gen)
         stacks = self._install_stack_dump()
         self.send("hello", pid=os.getpid(), stack_signal=stacks)
+        self._install_excepthook()
         # a rank's last words (a request, an error report) often come right before
         # it exits: give them a bounded moment to leave
         atexit.register(self.channel.close, SHUTDOWN_LINGER_MS)
@@ -89,11 +93,47 @@ class _Client:
             return None
         return int(STACK_SIGNAL)
 
+    def _install_excepthook(self) -> None:
+        # the daemon learns what killed the rank from the rank itself: the type's
+        # qualified name and the chain of causes, which a log tail may have cut
+        previous = sys.excepthook
+
+        def report_then_print(
+            kind: type[BaseException], value: BaseException, tb: TracebackType | None
+        ) -> None:
+            with contextlib.suppress(Exception):
+                self.report_exception(value)
+            previous(kind, value, tb)
+
+        sys.excepthook = report_then_print
+
+    def report_exception(self, exc: BaseException) -> None:
+        causes: list[list[str]] = []
+        seen = {id(exc)}
+        cause = exc.__cause__ or exc.__context__
+        while cause is not None and id(cause) not in seen and len(causes) < MAX_CAUSES:
+            seen.add(id(cause))
+            causes.append([_qualified(type(cause)), str(cause)[:4096]])
+            cause = cause.__cause__ or cause.__context__
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        self.send(
+            "exception",
+            exc_type=_qualified(type(exc)),
+            message=str(exc)[:4096],
+            traceback=text[-MAX_TRACEBACK:],
+            causes=causes,
+        )
+
     def send(self, kind: str, **fields: Any) -> None:
         self.channel.send(encode(kind, rank=self.rank, gen=self.gen, **fields))
 
     def heartbeat(self) -> None:
         self.channel.send(self._heartbeat)
+
+
+def _qualified(kind: type[BaseException]) -> str:
+    module = kind.__module__
+    return kind.__qualname__ if module in ("builtins", "__main__") else f"{module}.{kind.__qualname__}"
 
 
 def _parse_timeouts(raw: str | None) -> dict[str, Any]:

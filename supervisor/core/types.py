@@ -40,6 +40,10 @@ class Reason(StrEnum):
     RANK_UNKILLABLE = "rank_unkillable"
     WORKLOAD_REQUEST = "workload_request"
     OPERATOR_REQUEST = "operator_request"
+    NOT_RETRYABLE = "not_retryable"  # the classification says retrying cannot help
+    CLASSIFIED = "classified"  # the classification asks for another node
+    REPEATED = "repeated"  # the same failure again on this node: escalated
+    NO_PROGRESS = "no_progress"  # a crash loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +81,8 @@ class ExitStatus:
     def describe(self) -> str:
         if self.signal is not None:
             return f"signal {self.signal} ({signal_name(self.signal)})"
+        if self.code is None:
+            return "an unknown exit"
         return f"exit code {self.code}"
 
 
@@ -106,6 +112,27 @@ class RankExit:
 
 
 @dataclass(frozen=True, slots=True)
+class ReportedException:
+    """An uncaught exception the rank's client reported before the rank died.
+
+    ``type`` is the qualified name (``torch.distributed.DistBackendError``);
+    ``causes`` is the chain below it (``__cause__`` or ``__context__``), outermost
+    first, as (qualified type, message) pairs.
+    """
+
+    type: str
+    message: str
+    traceback: str = ""
+    causes: tuple[tuple[str, str], ...] = ()
+
+    def lines(self) -> tuple[str, ...]:
+        """The exception as the text lines a traceback would show."""
+        out = [*self.traceback.splitlines(), f"{self.type}: {self.message}"]
+        out += [f"{kind}: {message}" for kind, message in self.causes]
+        return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
 class RankFailure:
     """Evidence about one failed rank."""
 
@@ -118,6 +145,21 @@ class RankFailure:
     hang: Hang | None = None  # it was declared hung...
     hang_at: float | None = None  # ...past this deadline (wall clock)
     stacks: str = ""  # its threads' Python stacks, dumped before it was killed
+    exception: ReportedException | None = None  # what its client reported
+    # log lines that looked like trouble, seen while the rank ran: they may have
+    # scrolled out of the tail by the time it exited
+    notable: tuple[str, ...] = ()
+    # completed a step this generation? None when the rank never said (no client)
+    progressed: bool | None = None
+
+    def texts(self) -> tuple[str, ...]:
+        """Every line of text this rank left: error file, reported exception, logs."""
+        out: list[str] = []
+        if self.error is not None:
+            out += [*self.error.traceback.splitlines(), *self.error.message.splitlines()]
+        if self.exception is not None:
+            out += self.exception.lines()
+        return (*out, *self.notable, *self.log_tail)
 
     @property
     def failed_at(self) -> float:

@@ -1,13 +1,22 @@
-"""Follow rank log files onto the console with a ``[rank N]`` prefix.
+"""Follow rank log files onto the console with a ``[rank N]`` prefix, and notice
+the lines that look like trouble while the ranks run.
 
 Ranks write their log files themselves; the console is a copy. Reading a local
 file that has nothing new costs one read(2) returning 0 bytes, so a short poll
 is cheaper and simpler than inotify, and it works on network filesystems.
+
+Every rank's files are read, shown on the console or not, so that an NCCL
+watchdog line or the first traceback is kept as evidence even when a flood of
+output (a stack dump, a thousand ranks' warnings) pushes it out of the log's
+tail before the rank exits. A cheap keyword regex over each chunk finds them;
+the classifier's rules look at them later.
 """
 
 from __future__ import annotations
 
 import os
+import re
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,13 +24,41 @@ from supervisor.log import Console
 
 MAX_LINE = 64 * 1024  # a line longer than this is printed in pieces
 READ_SIZE = 256 * 1024
+NOTABLE_LINES = 256  # kept per rank and generation: the first quarter, then the latest
+NOTABLE_LINE_MAX = 2048
+# words of trouble, case-insensitive: what is kept of a rank's output as evidence
+NOTABLE_WORDS = (
+    r"error|exception|traceback|fatal|fail|abort|killed|timed? ?out|watchdog|nccl warn|xid"
+    r"|segmentation|out of memory|no space left|quota|preempt|time limit|\bnan\b|signal \d"
+)
+NOTABLE = re.compile(f"(?i:{NOTABLE_WORDS})".encode())
+
+
+@dataclass
+class Notable:
+    """Trouble-looking lines of one rank: the first ones (the cause is often early)
+    and the latest ones, bounded."""
+
+    first: list[str] = field(default_factory=list)
+    latest: deque[str] = field(default_factory=lambda: deque(maxlen=NOTABLE_LINES * 3 // 4))
+
+    def add(self, line: str) -> None:
+        if len(self.first) < NOTABLE_LINES // 4:
+            self.first.append(line)
+        else:
+            self.latest.append(line)
+
+    def lines(self) -> tuple[str, ...]:
+        return (*self.first, *self.latest)
 
 
 @dataclass
 class _Followed:
+    rank: int
     prefix: bytes
     path: Path
     stream: int
+    show: bool
     fd: int = -1
     partial: bytes = field(default=b"")
 
@@ -30,9 +67,12 @@ class LogFollower:
     def __init__(self, console: Console) -> None:
         self._console = console
         self._files: list[_Followed] = []
+        self.notable: dict[int, Notable] = {}
 
-    def follow(self, rank: int, path: Path, stream: int) -> None:
-        self._files.append(_Followed(f"[rank {rank}] ".encode(), path, stream))
+    def follow(self, rank: int, path: Path, stream: int, *, show: bool = True) -> None:
+        """Read ``path`` as it grows; copy it to the console when ``show``."""
+        self._files.append(_Followed(rank, f"[rank {rank}] ".encode(), path, stream, show))
+        self.notable.setdefault(rank, Notable())
 
     def poll(self) -> None:
         for f in self._files:
@@ -49,15 +89,32 @@ class LogFollower:
             if len(f.partial) > MAX_LINE:
                 lines.append(f.partial)
                 f.partial = b""
-            if lines:
+            if not lines:
+                continue
+            if f.show:
                 self._console.write(f.stream, b"".join(f.prefix + ln + b"\n" for ln in lines))
+            self._notice(f.rank, lines)
 
-    def finish(self) -> None:
-        """Copy what is left, including an unterminated last line, and stop."""
+    def _notice(self, rank: int, lines: list[bytes]) -> None:
+        if NOTABLE.search(b"\n".join(lines)) is None:
+            return  # most chunks: one regex pass over the chunk, nothing kept
+        notable = self.notable[rank]
+        for line in lines:
+            if NOTABLE.search(line):
+                notable.add(line[:NOTABLE_LINE_MAX].decode(errors="replace"))
+
+    def finish(self) -> dict[int, tuple[str, ...]]:
+        """Copy what is left, including an unterminated last line, and stop.
+        Returns the notable lines of each rank followed."""
         self.poll()
         for f in self._files:
             if f.partial:
-                self._console.write(f.stream, f.prefix + f.partial + b"\n")
+                if f.show:
+                    self._console.write(f.stream, f.prefix + f.partial + b"\n")
+                self._notice(f.rank, [f.partial])
             if f.fd >= 0:
                 os.close(f.fd)
         self._files.clear()
+        found = {rank: n.lines() for rank, n in self.notable.items()}
+        self.notable = {}
+        return found

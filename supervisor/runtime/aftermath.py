@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from supervisor.core.errorfile import order_failures
 from supervisor.core.states import RankState
@@ -39,14 +40,14 @@ async def collect_stacks(gen: Generation, monitor: Monitor, timeout: float, even
         )
 
 
-async def evidence(gen: Generation) -> list[RankFailure]:
+async def failures(gen: Generation, monitor: Monitor) -> tuple[RankFailure, ...]:
     """Every rank that failed on its own or hung, the root cause first.
 
     That includes ranks we stopped: one may have raised (and written its error
     file) first, then been slow to exit while a peer failed because of it. Its
     error file, written before we signalled it, gives it away.
     """
-    failures = []
+    found_all = []
     for lr, exit in gen.exits.items():
         state = gen.ranks[lr].state
         if state not in (RankState.FAILED, RankState.STOPPED):
@@ -57,15 +58,16 @@ async def evidence(gen: Generation) -> list[RankFailure]:
             gen.stop_wall is None or found.error_at < gen.stop_wall
         )
         if state is RankState.FAILED or failed_first or hang is not None:
-            failures.append(
-                RankFailure(
-                    exit=found.exit,
-                    error=found.error,
-                    error_at=found.error_at,
-                    log_tail=found.log_tail,
+            rank = exit.rank
+            found_all.append(
+                replace(
+                    found,
                     hang=hang,
                     hang_at=hang_at,
                     stacks=gen.stacks.get(lr, ""),
+                    exception=monitor.exceptions.get(rank),
+                    notable=gen.notable.get(rank, ()),
+                    progressed=monitor.progressed(rank),
                 )
             )
-    return order_failures(failures)
+    return tuple(order_failures(found_all))

@@ -25,8 +25,8 @@ import zmq.asyncio
 
 from supervisor import log
 from supervisor.config import RunConfig
+from supervisor.core.evidence import WorkloadAsk
 from supervisor.core.learning import learn, observe
-from supervisor.core.policy import Budget, GenerationEnd, WorkloadAsk, decide
 from supervisor.core.states import GroupVerdict
 from supervisor.core.topology import (
     RunIdentity,
@@ -37,20 +37,20 @@ from supervisor.core.watch import Hang
 from supervisor.process.orphans import OrphanGuard, sweep_generation
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller, TerminationReport, terminate
-from supervisor.runtime import aftermath, signals, statefile, status
+from supervisor.runtime import aftermath, outcome, signals, statefile, status
 from supervisor.runtime.aio import first
 from supervisor.runtime.clock import Clock
 from supervisor.runtime.control import ControlServer
 from supervisor.runtime.events import EventLog
 from supervisor.runtime.generation import Generation
+from supervisor.runtime.judge import Judge
 from supervisor.runtime.launcher import Launcher
 from supervisor.runtime.monitor import Monitor
-from supervisor.runtime.report import render_failure
 from supervisor.runtime.rundir import RunDir
 from supervisor.transport.endpoints import Endpoints, Sockets, bind
 
 EXIT_SUCCESS = 0
-EXIT_FAILED = 1  # torchrun's code for a failed run; classification refines it later
+EXIT_FAILED = 1  # the daemon's own failure (an internal error)
 EXIT_USAGE = 2
 TAIL_INTERVAL = 0.05
 
@@ -76,7 +76,6 @@ class Supervisor:
         self._stopping = asyncio.Event()
         self._force = asyncio.Event()
         self._current: Generation | None = None
-        self._budget = Budget(config.max_restarts)
         self._started_at = self.clock.monotonic()
         self._tasks: set[asyncio.Task[None]] = set()
         self._state_path = statefile.path_in(config.state_dir)
@@ -88,6 +87,7 @@ class Supervisor:
         sockets = bind(context, self.endpoints)
         self.events.publish = lambda topic, line: _publish(sockets, topic, line)
         self.monitor = self._make_monitor(sockets)
+        self.judge = Judge(self.cfg, self.events, self.clock)
         control = ControlServer(sockets.control, self._control, self.events)
         self._control_drops = control.drops
         self.ident = RunIdentity(
@@ -117,6 +117,7 @@ class Supervisor:
             pid=os.getpid(), run_id=self.cfg.run_id, run_dir=str(self.rundir.root), started=time.time()
         )
         self._announce()
+        self.judge.announce()
         code = EXIT_FAILED
         try:
             async with asyncio.TaskGroup() as tg:
@@ -183,7 +184,7 @@ class Supervisor:
             self._current = gen
             await launcher.launch(gen)
             upcoming = self._tg.create_task(
-                launcher.prepare_standby(gen, self._budget.remaining, self._stopping)
+                launcher.prepare_standby(gen, self.judge.remaining(), self._stopping)
             )
             await first(gen.ended.wait(), self._stopping.wait())
             if gen.hangs and self._stop_signal is None:
@@ -195,11 +196,12 @@ class Supervisor:
             decision = await self._decide(gen, report)
             if decision is None or decision.action is not Action.RESTART:
                 await launcher.discard(upcoming)
-                if decision is None or decision.action is Action.CONTINUE:
+                if decision is None:
                     return EXIT_SUCCESS
-                return EXIT_FAILED
+                self.judge.report(decision, self.logger, self.rundir.root)
+                return self.cfg.policy.exit_codes.of(decision.action)
             if decision.reason is not Reason.OPERATOR_REQUEST:
-                self._budget = self._budget.spend()
+                self.judge.restarted()
             standby = await upcoming
             gen = standby or await launcher.prepare(gen.number + 1, standby=False)
 
@@ -211,24 +213,10 @@ class Supervisor:
             if r.action != "continue"
         )
         if gen.restart_requested and not report.unkillable:
-            decision = Decision(Action.RESTART, Reason.OPERATOR_REQUEST, "restart requested by an operator")
-            end = GenerationEnd(())
-        elif gen.verdict is GroupVerdict.SUCCEEDED and not requests:
+            return self.judge.operator_restart(gen)
+        if gen.verdict is GroupVerdict.SUCCEEDED and not requests:
             return None
-        else:
-            end = GenerationEnd(tuple(await aftermath.evidence(gen)), report.unkillable, requests)
-            decision = decide(end, self._budget, self.clock.monotonic())
-        self.events.emit(
-            "decision",
-            logging.WARNING,
-            generation=gen.number,
-            action=str(decision.action),
-            reason=str(decision.reason),
-            detail=decision.detail,
-        )
-        if decision.action in (Action.ABORT, Action.RESCHEDULE):
-            self.logger.error("%s", render_failure(end, decision, self.rundir.root))
-        return decision
+        return await self.judge.judge(gen, self.monitor, report.unkillable, requests)
 
     def _on_hang(self, hang: Hang) -> None:
         gen = self._current
@@ -264,7 +252,7 @@ class Supervisor:
             sweep=lambda: sweep_generation(entry),
             signals=self._signaller,
         )
-        self._follower.finish()
+        gen.notable = self._follower.finish()
         self._learn(gen)
         if report.unkillable:
             self.events.emit(
@@ -342,8 +330,8 @@ class Supervisor:
             "pid": os.getpid(),
             "generation": None if gen is None else gen.number,
             "uptime_s": round(now - self._started_at, 3),
-            "restarts_used": self._budget.used,
-            "max_restarts": self._budget.max_restarts,
+            "restarts_used": self.judge.budget.used,
+            "max_restarts": self.cfg.max_restarts,
             "ranks": status.ranks(gen, self.monitor, now),
             "timeouts": status.timeouts(self.monitor),
             "received": self.monitor.received,
@@ -362,13 +350,28 @@ class Supervisor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _write_reason(self, code: int) -> None:
+        judge: Judge | None = getattr(self, "judge", None)
+        if judge is None:
+            return  # failed before it could judge anything: the run_finished event says why
+        path = self.cfg.policy.reason_file or self.rundir.root / outcome.REASON_FILE
+        generation = None if self._current is None else self._current.number
+        content = judge.reason(code, stopped=self._stop_signal is not None, generation=generation)
+        try:
+            outcome.write_reason(path, content)
+        except OSError as exc:
+            self.events.emit("reason_unwritable", logging.WARNING, path=str(path), error=str(exc))
+            return
+        self.events.emit("reason_written", path=str(path), outcome=content["outcome"], rule=content["rule"])
+
     def _finish(self, code: int) -> None:
+        self._write_reason(code)
         usage = resource.getrusage(resource.RUSAGE_SELF)
         self.events.emit(
             "run_finished",
             logging.INFO if code == EXIT_SUCCESS else logging.WARNING,
             exit_code=code,
-            restarts_used=self._budget.used,
+            restarts_used=0 if getattr(self, "judge", None) is None else self.judge.budget.used,
             seconds=round(self.clock.monotonic() - self._started_at, 3),
             daemon_max_rss_kb=usage.ru_maxrss,
             daemon_cpu_s=round(usage.ru_utime + usage.ru_stime, 3),

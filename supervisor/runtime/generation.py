@@ -35,6 +35,7 @@ class Generation:
         self.exits: dict[int, RankExit] = {}
         self.hangs: dict[int, tuple[Hang, float]] = {}  # local rank -> hang, wall time of its deadline
         self.stacks: dict[int, str] = {}  # local rank -> its dumped stacks
+        self.notable: dict[int, tuple[str, ...]] = {}  # rank -> trouble-looking log lines
         self.restart_requested = False  # by an operator (ft-supervisor restart)
         # wall-clock time the termination procedure began: anything a rank
         # recorded before then, it did on its own

@@ -131,9 +131,9 @@ class Launcher:
                 rank.move_to(RankState.RUNNING)
             rank.go(late)
         for lr, rank in gen.ranks.items():
-            for stream in self.cfg.console_streams(lr):
-                path = rank.files.stdout if stream == log.STDOUT else rank.files.stderr
-                self._follower.follow(rank.slot.rank, path, stream)
+            shown = self.cfg.console_streams(lr)
+            for stream, path in ((log.STDOUT, rank.files.stdout), (log.STDERR, rank.files.stderr)):
+                self._follower.follow(rank.slot.rank, path, stream, show=stream in shown)
         gen.start()
 
     async def discard(self, upcoming: asyncio.Task[Generation | None]) -> None:

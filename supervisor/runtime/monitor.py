@@ -20,6 +20,7 @@ import zmq
 import zmq.asyncio
 
 from supervisor.core.learning import Learned
+from supervisor.core.types import ReportedException
 from supervisor.core.watch import Hang, RankWatch, Timeouts
 from supervisor.runtime.clock import Clock
 from supervisor.runtime.events import EventLog
@@ -62,6 +63,7 @@ class Monitor:
         self.stack_signals: dict[int, int] = {}  # rank -> signal its client dumps stacks on
         self.pids: dict[int, int] = {}
         self.requests: list[schema.WorkloadRequest] = []
+        self.exceptions: dict[int, ReportedException] = {}
         self.drops: Counter[DropReason] = Counter()
         self.received = 0
         self._timers: dict[int, _Timer] = {}
@@ -77,6 +79,7 @@ class Monitor:
         self.stack_signals = {}
         self.pids = dict(pids)
         self.requests = []
+        self.exceptions = {}
         self._hung = set()
 
     def end_generation(self) -> list[RankWatch]:
@@ -84,6 +87,19 @@ class Monitor:
         self._cancel_timers()
         self.generation = None
         return list(self.watches.values())
+
+    def progressed(self, rank: int) -> bool | None:
+        """Did the rank complete a step this generation? None: it never said (no client)."""
+        watch = self.watches.get(rank)
+        if watch is None:
+            return None
+        return watch.iteration is not None or watch.section_count.get("step", 0) > 0
+
+    def iterations(self) -> list[int]:
+        return [w.iteration for w in self.watches.values() if w.iteration is not None]
+
+    def saved(self) -> bool:
+        return any(w.checkpoint_saved for w in self.watches.values())
 
     def set_learned(self, learned: Learned) -> None:
         self.learned = learned
@@ -183,6 +199,8 @@ class Monitor:
                     action=str(m.action),
                     reason=m.reason,
                 )
+            case schema.ExceptionReport():
+                self.exceptions[m.rank] = ReportedException(m.exc_type, m.message, m.traceback, m.causes)
             case schema.Bye():
                 watch.closed = True  # what it showed still counts for learning
         self._arm(m.rank, now)

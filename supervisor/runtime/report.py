@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from supervisor.core.policy import GenerationEnd
+from supervisor.core.classify import Classification
+from supervisor.core.evidence import Evidence
 from supervisor.core.types import Decision, RankFailure
 
 INDENT = "    "
@@ -36,8 +37,15 @@ def _detail_lines(failure: RankFailure) -> list[str]:
     return [f"{INDENT}{source}:"] + [INDENT * 2 + ln for ln in lines[-TRACE_LINES:]]
 
 
-def render_failure(end: GenerationEnd, decision: Decision, run_dir: Path) -> str:
+def render_failure(
+    end: Evidence, classification: Classification | None, decision: Decision, run_dir: Path
+) -> str:
     out = [f"run_failed action={decision.action} reason={decision.reason}: {decision.detail}"]
+    c = classification
+    if c is not None:
+        inside = f" (inside {', '.join(c.wrapped_by)})" if c.wrapped_by else ""
+        out.append(f"  classified: rule {c.rule} [{c.category}, {c.nature}] by {c.source or '?'}{inside}")
+        out.extend(f"{INDENT}matched: {line}" for line in c.lines)
     if end.failures:
         root, *others = end.failures
         out.append(

@@ -117,6 +117,18 @@ class WorkloadRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ExceptionReport:
+    """An uncaught exception, sent by the client's excepthook as the rank dies."""
+
+    rank: int
+    gen: int
+    exc_type: str
+    message: str
+    traceback: str
+    causes: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Bye:
     """The rank stopped monitoring itself (shutdown_workload_monitoring)."""
 
@@ -124,7 +136,10 @@ class Bye:
     gen: int
 
 
-RankMessage = Hello | Heartbeat | Section | Iteration | Checkpoint | LoadTimeouts | WorkloadRequest | Bye
+RankMessage = (
+    Hello | Heartbeat | Section | Iteration | Checkpoint | LoadTimeouts | WorkloadRequest
+    | ExceptionReport | Bye
+)
 
 
 def _int(m: dict[str, Any], key: str) -> int:
@@ -200,6 +215,27 @@ def _decode_request(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
     return WorkloadRequest(rank, gen, action, reason, _str(m, "id", optional=True, limit=64))
 
 
+MAX_TRACEBACK = 64 * 1024
+MAX_CAUSES = 8
+
+
+def _decode_exception(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
+    causes = m.get("causes", [])
+    if not isinstance(causes, list) or len(causes) > MAX_CAUSES or not all(
+        isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) and len(x) <= 4096 for x in c)
+        for c in causes
+    ):
+        raise Dropped(DropReason.MALFORMED, f"causes must be at most {MAX_CAUSES} [type, message] pairs")
+    return ExceptionReport(
+        rank,
+        gen,
+        _str(m, "exc_type") or "",
+        _str(m, "message", limit=4096) or "",
+        _str(m, "traceback", limit=MAX_TRACEBACK) or "",
+        tuple((c[0], c[1]) for c in causes),
+    )
+
+
 _DECODERS: dict[str, Callable[[dict[str, Any], int, int], RankMessage]] = {
     "hello": _decode_hello,
     "heartbeat": lambda m, rank, gen: Heartbeat(rank, gen),
@@ -208,6 +244,7 @@ _DECODERS: dict[str, Callable[[dict[str, Any], int, int], RankMessage]] = {
     "checkpoint": _decode_checkpoint,
     "timeouts": _decode_timeouts,
     "request": _decode_request,
+    "exception": _decode_exception,
     "bye": lambda m, rank, gen: Bye(rank, gen),
 }
 

@@ -71,7 +71,7 @@ def test_warmup_iterations_do_not_trip_the_step_timeout(start: Start) -> None:
     # the same run without warm-up iterations is hung: the check above can fail
     tripped = start(*FAST, "--ft-rank-section-timeouts", "step:0.3", "--ft-num-warmup-iterations", "0",
                     MONITORED, *slow)  # fmt: skip
-    assert tripped.wait() == 1
+    assert tripped.wait() == 200  # a hang is transient: with no restart left, run elsewhere
     assert tripped.events("rank_hung")[0]["section"] == "step"
 
 
@@ -209,7 +209,7 @@ def test_a_stopped_rank_is_not_left_stopped(start: Start) -> None:
     d = start(*FAST, "--ft-rank-heartbeat-timeout", "0.5", MONITORED, "--heartbeat",
               "--hang-at", "2", "--hang-how", "stop")  # fmt: skip
     pid = wait_until(lambda: next((p for p in rank_pids(d, 0)[1:] if proc_state(p) == "T"), None), 30, "stop")
-    assert d.wait() == 1
+    assert d.wait() == 200
     assert proc_state(pid) is None
 
 
@@ -226,7 +226,7 @@ def test_a_clean_run_that_says_bye_still_teaches_timeouts(start: Start, tmp_path
 
 def test_a_request_made_just_before_exiting_reaches_the_daemon(start: Start) -> None:
     d = start(*FAST, "--max-restarts", "3", MONITORED, "--request-and-exit", "reschedule", "--steps", "1")
-    assert d.wait() == 1
+    assert d.wait() == 200
     assert [(e["rank"], e["action"]) for e in d.events("workload_request")] == [(1, "reschedule")]
     decision = d.events("decision")[0]
     assert (decision["action"], decision["reason"]) == ("reschedule", "workload_request")

@@ -124,3 +124,12 @@ def test_static_master_port_keeps_the_run_id(script: Path) -> None:
 def test_config_errors_are_value_errors(script: Path) -> None:
     with pytest.raises(ConfigError):
         _parse("--nnodes", "3", str(script))
+
+
+def test_the_scripts_options_stay_the_scripts_even_when_they_look_like_ours() -> None:
+    ns = build_parser().parse_args(
+        ["run", "--nproc-per-node", "1", "train.py", "--kill", "3", "--shutdown", "--log-level", "x"]
+    )
+    assert ns.training_script == "train.py"
+    assert ns.training_script_args == ["--kill", "3", "--shutdown", "--log-level", "x"]
+    assert ns.kill_timeout == 10.0 and ns.log_level == "info"

@@ -1,0 +1,166 @@
+"""Classification: what a failure was, by the first rule that explains it.
+
+Per failed rank, its text (error file, reported exception, lines noticed while
+it ran, its log's tail) is matched against the rules in order; the first rule
+that matches and is not a wrapper wins, so a ``DistBackendError`` or an NCCL
+watchdog message is explained by the cause it wraps, and the wrapper itself
+classifies only when no cause is recognised (the most severe of them, if several).
+Exit codes, signals and hangs are
+rules too (placed after the text rules). Across ranks the earliest failure is
+the root cause, unless its rule blames a peer (``ncclRemoteError``, a reset
+connection): then the earliest rank that failed on its own is. Kernel log
+lines (Xid...) are node-level evidence: when one implies a more severe action
+than the root cause's (an illegal memory access next to Xid 48), it wins.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from supervisor.core.evidence import Evidence
+from supervisor.core.rules import Hit, Rule, match_lines, strip_prefix
+from supervisor.core.types import SEVERITY, Action, RankFailure
+
+UNCLASSIFIED = "unclassified"
+_NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    """What a failure was: the rule that explained it and what that rule implies."""
+
+    rule: str
+    category: str
+    nature: str  # transient | hardware | deterministic | not_failure
+    action: Action  # on a first occurrence
+    repeat: Action | None = None  # once the rule matched ``after`` times before on this node
+    after: int = 1
+    rank: int | None = None
+    lines: tuple[str, ...] = ()  # the evidence lines that matched
+    wrapped_by: tuple[str, ...] = ()  # wrapper rules the cause was found inside
+    peer: bool = False  # the rule blames a peer: not this rank's own failure
+    source: str = ""  # the plugin that classified it
+    summary: str = ""
+
+    @property
+    def signature(self) -> str:
+        """The same failure again: the rule and its first line with numbers blanked."""
+        first = self.lines[0] if self.lines else ""
+        return f"{self.rule}|{_NUMBERS.sub('#', first)[:200]}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "category": self.category,
+            "nature": self.nature,
+            "action": str(self.action),
+            "rank": self.rank,
+            "lines": list(self.lines),
+            "wrapped_by": list(self.wrapped_by),
+            "peer": self.peer,
+            "source": self.source,
+            "summary": self.summary,
+        }
+
+
+def unclassified(rank: int | None = None, lines: tuple[str, ...] = ()) -> Classification:
+    return Classification(
+        UNCLASSIFIED, "unknown", "transient", Action.RESTART, rank=rank, lines=lines,
+        summary="no rule explains this failure",
+    )  # fmt: skip
+
+
+def _from_hit(hit: Hit, rank: int | None, wrapped_by: tuple[str, ...]) -> Classification:
+    r = hit.rule
+    return Classification(
+        rule=r.id,
+        category=r.category,
+        nature=r.nature,
+        action=hit.action,
+        repeat=r.repeat,
+        after=r.after,
+        rank=rank,
+        lines=tuple(dict.fromkeys(hit.lines)),
+        wrapped_by=wrapped_by,
+        peer=r.blame_peer,
+        summary=r.summary,
+    )
+
+
+def _status_hit(rule: Rule, failure: RankFailure) -> Hit | None:
+    status = failure.exit.status
+    if (status.code is not None and status.code in rule.exit_codes) or (
+        status.signal is not None and status.signal in rule.signals
+    ):
+        return Hit(rule, (f"ended with {status.describe()}",), {}, 0)
+    return None
+
+
+def _rule_hit(rule: Rule, lines: Sequence[str], failure: RankFailure | None) -> Hit | None:
+    if rule.before_first_step and (failure is None or failure.progressed is not False):
+        return None
+    if rule.hang:
+        if failure is None or failure.hang is None:
+            return None
+        return Hit(rule, (f"hung: {failure.hang.describe()}",), {}, 0)
+    hit = match_lines(rule, lines) if rule.patterns else None
+    if rule.exit_codes or rule.signals:
+        status = _status_hit(rule, failure) if failure is not None else None
+        if status is None or (rule.patterns and hit is None):
+            return None
+        return hit or status
+    return hit
+
+
+def classify_lines(
+    rules: Sequence[Rule],
+    lines: Sequence[str],
+    *,
+    failure: RankFailure | None = None,
+    scopes: tuple[str, ...] = ("rank",),
+) -> Classification | None:
+    """The first non-wrapper rule that matches, else the first wrapper; None if none."""
+    text = [strip_prefix(ln) for ln in lines]
+    rank = failure.exit.rank if failure is not None else None
+    hits = [h for r in rules if _in(r, scopes) and (h := _rule_hit(r, text, failure)) is not None]
+    leaves = [h for h in hits if not (h.rule.wrapper or h.rule.fallback)]
+    wrappers = [h for h in hits if h.rule.wrapper]
+    if leaves:
+        return _from_hit(leaves[0], rank, tuple(w.rule.id for w in wrappers))
+    if wrappers:  # no cause named: the most severe wrapper's own action, the outer ones listed
+        outer = max(wrappers, key=lambda h: SEVERITY[h.action])
+        return _from_hit(outer, rank, tuple(w.rule.id for w in wrappers if w is not outer))
+    fallbacks = [h for h in hits if h.rule.fallback]
+    return _from_hit(fallbacks[0], rank, ()) if fallbacks else None
+
+
+def _in(rule: Rule, scopes: tuple[str, ...]) -> bool:
+    return any(s in scopes for s in rule.scope)
+
+
+def classify_rank(rules: Sequence[Rule], failure: RankFailure) -> Classification:
+    found = classify_lines(rules, failure.texts(), failure=failure)
+    if found is not None:
+        return found
+    tail = tuple(strip_prefix(ln) for ln in failure.log_tail[-3:])
+    return unclassified(failure.exit.rank, (failure.summary(), *tail))
+
+
+def classify(rules: Sequence[Rule], evidence: Evidence) -> Classification:
+    """The generation's classification: its root cause's, or the node's if more severe."""
+    per_rank = [classify_rank(rules, f) for f in evidence.failures]
+    own = [c for c in per_rank if not c.peer]
+    root = own[0] if own else (per_rank[0] if per_rank else None)
+    if evidence.agent_log:
+        agent = classify_lines(rules, evidence.agent_log, scopes=("rank", "agent"))
+        if agent is not None and (root is None or root.rule == UNCLASSIFIED):
+            root = agent
+    node = classify_lines(rules, evidence.dmesg, scopes=("dmesg",)) if evidence.dmesg else None
+    if root is None:
+        return node or unclassified()
+    if node is not None and SEVERITY[node.action] > SEVERITY[root.action]:
+        return replace(node, rank=root.rank, lines=node.lines + root.lines)
+    return root

@@ -1,0 +1,45 @@
+"""What is known about a generation that did not simply succeed: one immutable value.
+
+The runtime gathers it (exits, error files, reported exceptions, log tails and
+lines noticed while the ranks ran, hangs, stacks, requests, the kernel log);
+classifiers read it; the policy decides from what they made of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from supervisor.core.types import RankFailure
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadAsk:
+    """A workload request a rank sent during the generation."""
+
+    rank: int
+    action: str  # a supervisor.transport.schema.Request value
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """A generation that did not simply succeed.
+
+    ``failures`` are ordered earliest first (the root cause first); ``unkillable``
+    lists the local ranks that outlived SIGKILL during the termination procedure;
+    ``requests`` are what the ranks asked for; ``dmesg`` and ``agent_log`` are
+    node-level lines (the kernel's, a launcher's) when they could be read.
+    """
+
+    failures: tuple[RankFailure, ...]
+    unkillable: tuple[int, ...] = ()
+    requests: tuple[WorkloadAsk, ...] = ()
+    generation: int = 0
+    node: str = ""
+    dmesg: tuple[str, ...] = ()
+    agent_log: tuple[str, ...] = ()
+    # iterations this generation advanced past the best seen before it (None: no
+    # rank reported iterations), and whether it saved a checkpoint: what tells
+    # progress from a crash loop
+    progress: int | None = None
+    saved: bool = False
