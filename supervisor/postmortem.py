@@ -6,8 +6,9 @@ or a run directory (the latest generation's ranks, with their exits from
 ``events.jsonl``), and ``--dmesg`` / ``--agent-log`` files; it runs the same
 plugins and policy the daemon runs, for a first occurrence with the given
 restarts left, and prints the decision, the rule and the lines that matched.
-Logs of any size are read in chunks: only the lines a rule could match and a
-bounded tail are kept, so a 100 MB log costs one pass and little memory.
+Logs of any size are read in chunks: only the lines a rule could match (see
+``supervisor.core.notable``) and a bounded tail are kept, so a 100 MB log costs
+one pass and little memory.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import orjson
 from supervisor.core.classify import Classification
 from supervisor.core.errorfile import order_failures, parse_error_file
 from supervisor.core.evidence import Evidence
+from supervisor.core.notable import notable_lines
 from supervisor.core.policy import Budget, History, decide
-from supervisor.core.rules import prefilter
+from supervisor.core.rules import compile_rules, prefilter
 from supervisor.core.types import ErrorRecord, ExitStatus, RankExit, RankFailure
 from supervisor.hooks import PluginSettings
 from supervisor.hooks.registry import Registry
@@ -37,8 +39,12 @@ TAIL = 40
 LINE_MAX = 4096
 
 
-def scan(path: Path, pattern: re.Pattern[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(the lines ``pattern`` finds: the first ones and the latest, bounded; the last lines)."""
+def scan(path: Path, extra: re.Pattern[str] | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the lines worth classifying: the first ones and the latest, bounded; the last lines).
+
+    Worth classifying: a line with one of ``supervisor.core.notable``'s keywords (every
+    built-in rule's lines have one), or one that ``extra`` (the user's rules) finds.
+    """
     first: list[str] = []
     latest: deque[str] = deque(maxlen=KEEP_LAST)
     tail: deque[str] = deque(maxlen=TAIL)
@@ -50,23 +56,21 @@ def scan(path: Path, pattern: re.Pattern[str]) -> tuple[tuple[str, ...], tuple[s
             text, carry = text[:cut], text[cut:]
             if len(carry) > LINE_MAX * 16:  # a runaway line: keep its start only
                 text, carry = text + carry[:LINE_MAX] + "\n", ""
-            _keep(text, pattern, first, latest)
-            tail.extend(text.splitlines()[-TAIL:])
+            _keep(text, extra, first, latest)
+            tail.extend(text[-TAIL * LINE_MAX :].splitlines()[-TAIL:])
     if carry:
-        _keep(carry + "\n", pattern, first, latest)
+        _keep(carry + "\n", extra, first, latest)
         tail.append(carry)
     return (*first, *latest), tuple(tail)
 
 
-def _keep(text: str, pattern: re.Pattern[str], first: list[str], latest: deque[str]) -> None:
-    end = -1
-    for m in pattern.finditer(text):
-        if m.start() < end:
-            continue  # this line is kept already
-        start = text.rfind("\n", 0, m.start()) + 1
-        end = text.find("\n", m.start())
-        line = text[start:end][:LINE_MAX]
-        (first if len(first) < KEEP_FIRST else latest).append(line)
+def _keep(text: str, extra: re.Pattern[str] | None, first: list[str], latest: deque[str]) -> None:
+    lines = notable_lines(text)
+    if extra is not None:
+        found = set(lines)
+        lines += [ln for ln in text.splitlines() if ln not in found and extra.search(ln)]
+    for line in lines:
+        (first if len(first) < KEEP_FIRST else latest).append(line[:LINE_MAX])
 
 
 def _exits(run_dir: Path) -> tuple[int | None, dict[int, dict[str, Any]]]:
@@ -106,7 +110,7 @@ def _status(event: dict[str, Any] | None) -> ExitStatus:
 
 
 def _failure(
-    rank: int, pattern: re.Pattern[str], log: Path | None, error: Path | None, status: ExitStatus
+    rank: int, pattern: re.Pattern[str] | None, log: Path | None, error: Path | None, status: ExitStatus
 ) -> RankFailure:
     notable: tuple[str, ...] = ()
     tail: tuple[str, ...] = ()
@@ -119,7 +123,7 @@ def _failure(
     return RankFailure(exit=exit, error=record, notable=notable, log_tail=tail)
 
 
-def _from_run_dir(run_dir: Path, pattern: re.Pattern[str]) -> list[RankFailure]:
+def _from_run_dir(run_dir: Path, pattern: re.Pattern[str] | None) -> list[RankFailure]:
     generation, exits = _exits(run_dir)
     gens = sorted(
         run_dir.glob("gen_*"), key=lambda p: int(p.name.split("_")[1]) if p.name[4:].isdigit() else -1
@@ -139,8 +143,10 @@ def _from_run_dir(run_dir: Path, pattern: re.Pattern[str]) -> list[RankFailure]:
     return out
 
 
-def gather(paths: list[Path], dmesg: list[Path], agent: list[Path], registry: Registry) -> Evidence:
-    pattern = _pattern(registry)
+def gather(
+    paths: list[Path], dmesg: list[Path], agent: list[Path], extra: re.Pattern[str] | None = None
+) -> Evidence:
+    pattern = extra
     failures: list[RankFailure] = []
     for path in paths:
         if path.is_dir():
@@ -150,17 +156,20 @@ def gather(paths: list[Path], dmesg: list[Path], agent: list[Path], registry: Re
         else:
             failures.append(_failure(len(failures), pattern, path, None, ExitStatus()))
     node = [ln for p in dmesg for ln in scan(p, pattern)[0]]
-    agent_lines = [ln for p in agent for ln in (*scan(p, pattern)[0], *scan(p, pattern)[1])]
+    agent_lines = []
+    for p in agent:
+        kept, tail = scan(p, pattern)
+        agent_lines += [*kept, *(ln for ln in tail if ln not in kept)]
     return Evidence(tuple(order_failures(failures)), dmesg=tuple(node), agent_log=tuple(agent_lines))
 
 
-def _pattern(registry: Registry) -> re.Pattern[str]:
-    rules = getattr(registry.pm.get_plugin("rules"), "rules", ())
-    built = prefilter(rules)
-    # lines the built-in rules could match, and anything that looks like trouble for other plugins
-    from supervisor.process.tail import NOTABLE_WORDS  # noqa: PLC0415
+def _extra(rule_files: list[str]) -> re.Pattern[str] | None:
+    """The user's rules may match lines without a keyword: search for them too."""
+    if not rule_files:
+        return None
+    from supervisor.policyconfig import load_rules_file  # noqa: PLC0415
 
-    return re.compile(f"{built.pattern}|(?i:{NOTABLE_WORDS})", re.MULTILINE)
+    return prefilter(compile_rules([r for path in rule_files for r in load_rules_file(path)]))
 
 
 def add_commands(sub: Any) -> None:
@@ -206,7 +215,7 @@ def _classify(ns: argparse.Namespace) -> int:
         print(f"ft-supervisor classify: no such file or directory: {', '.join(missing)}", file=sys.stderr)
         return 2
     registry = _registry(ns)
-    evidence = gather(ns.paths, ns.dmesg, ns.agent_log, registry)
+    evidence = gather(ns.paths, ns.dmesg, ns.agent_log, _extra(ns.rules))
     c = registry.classify(evidence)
     decision = decide(evidence, c, History(), Budget(max(0, ns.max_restarts)), 0.0)
     if ns.json:

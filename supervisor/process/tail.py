@@ -8,32 +8,24 @@ is cheaper and simpler than inotify, and it works on network filesystems.
 Every rank's files are read, shown on the console or not, so that an NCCL
 watchdog line or the first traceback is kept as evidence even when a flood of
 output (a stack dump, a thousand ranks' warnings) pushes it out of the log's
-tail before the rank exits. A cheap keyword regex over each chunk finds them;
-the classifier's rules look at them later.
+tail before the rank exits. A keyword search over each chunk finds them
+(``supervisor.core.notable``); the classifier's rules look at them later.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from supervisor.core.notable import notable_lines
 from supervisor.log import Console
 
 MAX_LINE = 64 * 1024  # a line longer than this is printed in pieces
 READ_SIZE = 256 * 1024
 NOTABLE_LINES = 256  # kept per rank and generation: the first quarter, then the latest
 NOTABLE_LINE_MAX = 2048
-# words of trouble, case-insensitive: what is kept of a rank's output as evidence
-NOTABLE_WORDS = (
-    r"error|exception|traceback|fatal|fail|abort|killed|timed? ?out|watchdog|nccl warn|xid"
-    r"|segmentation|out of memory|no space left|quota|preempt|time limit|\bnan\b|signal \d"
-)
-NOTABLE = re.compile(f"(?i:{NOTABLE_WORDS})".encode())
-
-
 @dataclass
 class Notable:
     """Trouble-looking lines of one rank: the first ones (the cause is often early)
@@ -96,12 +88,9 @@ class LogFollower:
             self._notice(f.rank, lines)
 
     def _notice(self, rank: int, lines: list[bytes]) -> None:
-        if NOTABLE.search(b"\n".join(lines)) is None:
-            return  # most chunks: one regex pass over the chunk, nothing kept
         notable = self.notable[rank]
-        for line in lines:
-            if NOTABLE.search(line):
-                notable.add(line[:NOTABLE_LINE_MAX].decode(errors="replace"))
+        for line in notable_lines(b"\n".join(lines).decode(errors="replace")):
+            notable.add(line[:NOTABLE_LINE_MAX])
 
     def finish(self) -> dict[int, tuple[str, ...]]:
         """Copy what is left, including an unterminated last line, and stop.

@@ -7,6 +7,7 @@ import pytest
 from plugins.rules import builtin_layer, rule_set
 from supervisor.core.classify import UNCLASSIFIED, classify, classify_rank
 from supervisor.core.evidence import Evidence
+from supervisor.core.notable import is_notable, notable_lines
 from supervisor.core.rules import RuleError, compile_rule, compile_rules, prefilter
 from supervisor.core.types import Action, ErrorRecord, ExitStatus, RankExit, RankFailure, ReportedException
 from supervisor.core.watch import Hang, HangKind
@@ -138,3 +139,10 @@ def test_rank_prefixes_are_ignored_and_lines_deduplicated() -> None:
     line = "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB"
     c = classify_rank(RULES, _failure(3, line, line, notable=(line,)))
     assert c.lines == ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB",)
+
+
+def test_the_keyword_prefilter_keeps_whole_lines_in_order() -> None:
+    text = "step 1\nRuntimeError: boom\nfine\n[rank0]: NCCL WARN socket\nlast Broken pipe"
+    assert notable_lines(text) == ["RuntimeError: boom", "[rank0]: NCCL WARN socket", "last Broken pipe"]
+    assert notable_lines("İİ error\nok\n") == ["İİ error"]  # a lower case that changes length
+    assert not is_notable("step 12 loss 1.92 lr 3e-4")

@@ -1,0 +1,48 @@
+"""Which log lines are worth keeping as evidence: a literal keyword prefilter.
+
+Every line a built-in rule can match contains one of these keywords (a test
+holds the rules and the golden corpus to it), so a log of any size is reduced
+to its candidate lines by plain substring search on the lower-cased text, at
+memchr speed. A joined regex of every rule ran at about 1 MB/s, an alternation
+of these keywords at about 10 MB/s; ``str.find`` per keyword at about 40 MB/s.
+The live scanner (``supervisor.process.tail``) and ``ft-supervisor classify``
+use the same list, so what is kept while a rank runs is what a rule may need.
+"""
+
+from __future__ import annotations
+
+KEYWORDS = (
+    "error", "exception", "traceback", "fatal", "fail", "abort", "killed", "timeout", "timed out",
+    "watchdog", "nccl warn", "xid", "segmentation", "segfault", "out of memory", "oom", "no space left",
+    "quota", "preempt", "time limit", "nan", "signal ", "ncclinvalid", "status=", "fallen off",
+    "address already in use", "eaddrinuse", "exitcode", "by peer", "closed by", "broken pipe",
+    "corrupt", "double free", "tcache", "interrupt", "cancelled",
+)  # fmt: skip
+
+
+def is_notable(line: str) -> bool:
+    low = line.lower()
+    return any(k in low for k in KEYWORDS)
+
+
+def notable_lines(text: str) -> list[str]:
+    """The lines of ``text`` (complete lines, newline-separated) that hold a keyword,
+    in order, each once."""
+    low = text.lower()
+    if len(low) != len(text):  # a rare Unicode character whose lower case is longer
+        return [line for line in text.splitlines() if is_notable(line)]
+    starts: set[int] = set()
+    for keyword in KEYWORDS:
+        i = low.find(keyword)
+        while i >= 0:
+            start = low.rfind("\n", 0, i) + 1
+            starts.add(start)
+            end = low.find("\n", i)
+            if end < 0:
+                break
+            i = low.find(keyword, end + 1)
+    out = []
+    for start in sorted(starts):
+        end = text.find("\n", start)
+        out.append(text[start : end if end >= 0 else len(text)])
+    return out
