@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 from collections import deque
 from pathlib import Path
@@ -97,8 +98,6 @@ def _status(event: dict[str, Any] | None) -> ExitStatus:
     if event is None:
         return ExitStatus()
     if event.get("signal"):
-        import signal  # noqa: PLC0415
-
         name = str(event["signal"])
         return (
             ExitStatus(signal=int(signal.Signals[name]))
@@ -110,20 +109,30 @@ def _status(event: dict[str, Any] | None) -> ExitStatus:
 
 
 def _failure(
-    rank: int, pattern: re.Pattern[str] | None, log: Path | None, error: Path | None, status: ExitStatus
+    rank: int,
+    pattern: re.Pattern[str] | None,
+    log: Path | None,
+    error: Path | None,
+    status: ExitStatus,
+    *,
+    at_wall: float = 0.0,
 ) -> RankFailure:
     notable: tuple[str, ...] = ()
     tail: tuple[str, ...] = ()
     if log is not None and log.is_file():
         notable, tail = scan(log, pattern)
     record: ErrorRecord | None = None
+    error_at = None
     if error is not None and error.is_file():
         record = parse_error_file(error.read_text(errors="replace")[: 1 << 20])
-    exit = RankExit(rank, rank, 0, status, at=0.0, at_wall=error.stat().st_mtime if record and error else 0.0)
-    return RankFailure(exit=exit, error=record, notable=notable, log_tail=tail)
+        error_at = error.stat().st_mtime if record is not None else None
+    exit = RankExit(rank, rank, 0, status, at=0.0, at_wall=at_wall or error_at or 0.0)
+    return RankFailure(exit=exit, error=record, error_at=error_at, notable=notable, log_tail=tail)
 
 
 def _from_run_dir(run_dir: Path, pattern: re.Pattern[str] | None) -> list[RankFailure]:
+    """The failed ranks of the run's latest generation. A rank the daemon stopped
+    (state ``stopped``) counts only if it wrote an error file: it failed first."""
     generation, exits = _exits(run_dir)
     gens = sorted(
         run_dir.glob("gen_*"), key=lambda p: int(p.name.split("_")[1]) if p.name[4:].isdigit() else -1
@@ -134,12 +143,15 @@ def _from_run_dir(run_dir: Path, pattern: re.Pattern[str] | None) -> list[RankFa
     out = []
     for rank_dir in sorted(gen_dir.glob("local_rank_*")):
         local = int(rank_dir.name.rsplit("_", 1)[1])
-        event = exits.get(local)
-        status = _status(event)
-        if event is not None and status.succeeded:
+        event = exits.get(local) or {}
+        status = _status(event or None)
+        error = rank_dir / "error.json"
+        stopped = event.get("state") == "stopped" and not error.is_file()
+        if (event and status.succeeded) or stopped:
             continue
-        rank = int(event.get("rank", local)) if event else local
-        out.append(_failure(rank, pattern, rank_dir / "stderr.log", rank_dir / "error.json", status))
+        rank = int(event.get("rank", local))
+        at = float(event.get("t_wall") or 0.0)
+        out.append(_failure(rank, pattern, rank_dir / "stderr.log", error, status, at_wall=at))
     return out
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pluggy
@@ -121,9 +121,7 @@ class Registry:
                 self._problem(impl.plugin_name, "classify_failure", f"returned {type(result).__name__}, "
                               "not a Classification or None")  # fmt: skip
                 continue
-            if not result.source:
-                result = _with_source(result, impl.plugin_name)
-            return result
+            return result if result.source else replace(result, source=impl.plugin_name)
         root = evidence.failures[0] if evidence.failures else None
         return unclassified(root.exit.rank if root is not None else None)
 
@@ -132,9 +130,3 @@ class Registry:
             self._call(
                 impl, "on_decision", evidence=evidence, classification=classification, decision=decision
             )
-
-
-def _with_source(c: Classification, source: str) -> Classification:
-    from dataclasses import replace  # noqa: PLC0415
-
-    return replace(c, source=source)
