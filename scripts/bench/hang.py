@@ -264,7 +264,13 @@ class DetectResult:
 def measure_detection(s: Settings, kind: str) -> DetectResult:
     run_dir = s.out / f"detect-{kind}"
     out = run_dir / "hang.jsonl"
-    options = ["--nproc-per-node", "1", "--preload", "none", "--max-restarts", str(s.hangs - 1)]
+    # a hang three times on one node reschedules by default (the HANG rule's repeat); here
+    # every generation hangs on purpose, so the rule is replaced for this run
+    rules = run_dir / "hang-restarts.toml"
+    rules.parent.mkdir(parents=True, exist_ok=True)
+    rules.write_text('[[rule]]\nid = "HANG"\nhang = true\ncategory = "hang"\naction = "restart"\n')
+    options = ["--nproc-per-node", "1", "--preload", "none", "--max-restarts", str(s.hangs - 1),
+               "--rules", str(rules)]  # fmt: skip
     if kind == "heartbeat":
         options += ["--ft-rank-heartbeat-timeout", str(s.hang_timeout)]
     else:
@@ -275,8 +281,8 @@ def measure_detection(s: Settings, kind: str) -> DetectResult:
     ]  # fmt: skip
     timeout = (60 + s.hangs * (s.hang_after + s.hang_timeout + 5)) * s.timeout_scale
     run = launch(ft_argv(s, run_dir, f"detect-{kind}", options, program), run_dir, timeout)
-    # restarts run out after the last hang: the daemon exits 1
-    r = DetectResult(kind, str(run_dir), run_problem(run, 1), s.hang_timeout, leftovers=run.leftovers)
+    # restarts run out after the last hang: a hang is transient, so the daemon reschedules (200)
+    r = DetectResult(kind, str(run_dir), run_problem(run, 200), s.hang_timeout, leftovers=run.leftovers)
     events = events_of(run_dir)
     r.daemon_drops = drops_seen(events)
     hung = {e["generation"]: e for e in events if e["event"] == "rank_hung"}
