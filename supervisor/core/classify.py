@@ -22,7 +22,7 @@ from typing import Any
 
 from supervisor.core.evidence import Evidence
 from supervisor.core.rules import Hit, Rule, match_lines, strip_prefix
-from supervisor.core.types import SEVERITY, Action, RankFailure
+from supervisor.core.types import SEVERITY, Action, ExitStatus, RankExit, RankFailure
 
 UNCLASSIFIED = "unclassified"
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
@@ -149,18 +149,64 @@ def classify_rank(rules: Sequence[Rule], failure: RankFailure) -> Classification
     return unclassified(failure.exit.rank, (failure.summary(), *tail))
 
 
+_RANK_LINE = re.compile(r"^\s*\[(?:rank|default)(\d+)\]:")
+_ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+
+
+def agent_ranks(lines: Sequence[str], progressed: bool | None = None) -> list[RankFailure]:
+    """A launcher's log (torchrun's) as one failure per rank that printed in it.
+
+    Lines prefixed ``[rankN]:`` (or ``[defaultN]:``) are rank N's; the others are the
+    launcher's own and go with every rank. The rank torchelastic names under "Root
+    Cause (first observed failure)" comes first, the others after it.
+    """
+    own: dict[int, list[str]] = {}
+    shared: list[str] = []
+    root: int | None = None
+    after_root = False
+    for line in lines:
+        m = _RANK_LINE.match(line)
+        if m is not None:
+            own.setdefault(int(m.group(1)), []).append(line)
+            continue
+        shared.append(line)
+        if "Root Cause (first observed failure)" in line:
+            after_root = True
+        elif after_root and root is None and (r := _ROOT_RANK.match(line)):
+            root = int(r.group(1))
+    order = sorted(own, key=lambda rank: (rank != root, rank))
+    return [
+        RankFailure(
+            RankExit(r, r, 0, ExitStatus(), float(i), 0.0), log_tail=(*own[r], *shared), progressed=progressed
+        )
+        for i, r in enumerate(order)
+    ]
+
+
+def _root(per_rank: Sequence[Classification]) -> Classification | None:
+    own = [c for c in per_rank if not c.peer]
+    return own[0] if own else (per_rank[0] if per_rank else None)
+
+
 def classify(rules: Sequence[Rule], evidence: Evidence) -> Classification:
     """The generation's classification: its root cause's, or the node's if more severe."""
-    per_rank = [classify_rank(rules, f) for f in evidence.failures]
-    own = [c for c in per_rank if not c.peer]
-    root = own[0] if own else (per_rank[0] if per_rank else None)
-    if evidence.agent_log:
-        agent = classify_lines(rules, evidence.agent_log, scopes=("rank", "agent"))
-        if agent is not None and (root is None or root.rule == UNCLASSIFIED):
+    root = _root([classify_rank(rules, f) for f in evidence.failures])
+    if evidence.agent_log and (root is None or root.rule == UNCLASSIFIED):
+        progressed = None if evidence.progress is None else evidence.progress > 0
+        split = agent_ranks(evidence.agent_log, progressed)
+        agent = _root([classify_rank(rules, f) for f in split]) if split else None
+        whole = classify_lines(rules, evidence.agent_log, scopes=("rank", "agent"))
+        if agent is None or agent.rule == UNCLASSIFIED:
+            agent = whole
+        if agent is not None:
             root = agent
     node = classify_lines(rules, evidence.dmesg, scopes=("dmesg",)) if evidence.dmesg else None
     if root is None:
         return node or unclassified()
-    if node is not None and SEVERITY[node.action] > SEVERITY[root.action]:
+    if node is not None and (
+        SEVERITY[node.action] > SEVERITY[root.action]
+        # an Xid explains what the rank's own text did not
+        or (root.rule == UNCLASSIFIED and node.action is not Action.CONTINUE)
+    ):
         return replace(node, rank=root.rank, lines=node.lines + root.lines)
     return root

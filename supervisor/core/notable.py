@@ -16,7 +16,7 @@ KEYWORDS = (
     "watchdog", "nccl warn", "xid", "segmentation", "segfault", "out of memory", "oom", "no space left",
     "quota", "preempt", "time limit", "nan", "signal ", "ncclinvalid", "status=", "fallen off",
     "address already in use", "eaddrinuse", "exitcode", "by peer", "closed by", "broken pipe",
-    "corrupt", "double free", "tcache", "interrupt", "cancelled",
+    "corrupt", "double free", "tcache", "free(): ", "malloc(): ", "interrupt", "cancelled",
 )  # fmt: skip
 
 
