@@ -140,7 +140,8 @@ class Judge:
             result = str(decision.action)
         else:
             result = "failed"
-        return outcome.reason(
+        ended_by_failure = result not in ("success", "continue", "stopped")
+        content = outcome.reason(
             exit_code=code,
             outcome=result,
             run_id=self.cfg.run_id,
@@ -148,10 +149,20 @@ class Judge:
             generation=generation,
             restarts_used=self.budget.used,
             max_restarts=self.cfg.max_restarts,
-            evidence=self.evidence,
-            classification=self.classification,
-            decision=decision,
+            evidence=self.evidence if ended_by_failure else None,
+            classification=self.classification if ended_by_failure else None,
+            decision=decision if ended_by_failure or result == "continue" else None,
         )
+        if not ended_by_failure and self.classification is not None and decision is not None:
+            # the run went on after it: history, not the reason the run ended
+            content["last_failure"] = {
+                "generation": None if self.evidence is None else self.evidence.generation,
+                "rule": self.classification.rule,
+                "rank": self.classification.rank,
+                "action": str(decision.action),
+                "detail": decision.detail,
+            }
+        return content
 
     def _emit(self, evidence: Evidence, c: Classification | None, decision: Decision) -> None:
         self._events.emit(

@@ -87,7 +87,9 @@ def test_an_nccl_watchdog_line_then_death_restarts(start: Start) -> None:
     assert _decisions(d) == [("restart", "N1")]
     decision = d.events("decision")[0]
     assert decision["rank"] == 1 and "Watchdog caught collective operation timeout" in decision["lines"][0]
-    assert _reason(d)["outcome"] == "stopped"
+    reason = _reason(d)
+    assert (reason["outcome"], reason["rule"], reason["exit_code"]) == ("stopped", None, 143)
+    assert (reason["last_failure"]["rule"], reason["last_failure"]["generation"]) == ("N1", 0)
 
 
 def test_the_oom_killer_twice_aborts(start: Start) -> None:
