@@ -135,6 +135,14 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
     )
     _opt(
         f,
+        "--exit-grace",
+        type=float,
+        default=10.0,
+        help="seconds a rank that reported its failure (error file, client) may take to exit "
+        "before it is killed",
+    )
+    _opt(
+        f,
         "--no-standby",
         action="store_true",
         help="do not pre-start the next generation's ranks (saves memory, slower restarts)",
@@ -297,6 +305,7 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         local_ranks_filter=parse_ranks_filter(ns.local_ranks_filter, nproc),
         shutdown_timeout=_positive("--shutdown-timeout", shutdown),
         kill_timeout=_positive("--kill-timeout", ns.kill_timeout, zero_ok=False),
+        exit_grace=_positive("--exit-grace", ns.exit_grace, zero_ok=False),
         stop_signals=parse_signals(ns.signals_to_handle),
         standby=not ns.no_standby and ns.max_restarts > 0,
         virtual_local_rank=ns.virtual_local_rank,

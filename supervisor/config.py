@@ -153,6 +153,7 @@ class RunConfig:
     local_ranks_filter: frozenset[int] | None = None
     shutdown_timeout: float = 30.0
     kill_timeout: float = 10.0
+    exit_grace: float = 10.0
     stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
     standby: bool = True
     virtual_local_rank: bool = False

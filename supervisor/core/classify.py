@@ -91,6 +91,8 @@ def _from_hit(hit: Hit, rank: int | None, wrapped_by: tuple[str, ...]) -> Classi
 
 
 def _status_hit(rule: Rule, failure: RankFailure) -> Hit | None:
+    if failure.exit.terminated:
+        return None  # the signal was ours (the termination procedure): it says nothing of the cause
     status = failure.exit.status
     if (status.code is not None and status.code in rule.exit_codes) or (
         status.signal is not None and status.signal in rule.signals

@@ -34,7 +34,9 @@ from supervisor.core.topology import (
 )
 from supervisor.core.types import Action, Decision, Reason, signal_name
 from supervisor.core.watch import Hang
+from supervisor.process.evidence import error_file_time
 from supervisor.process.orphans import OrphanGuard, sweep_generation
+from supervisor.process.spawn import RankProcess
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller, TerminationReport, terminate
 from supervisor.runtime import aftermath, outcome, signals, statefile, status
@@ -248,7 +250,10 @@ class Supervisor:
             kill_timeout=self.cfg.kill_timeout,
             force=self._force,
             stop_signal=stop_signal,
-            signal_for=dict.fromkeys(gen.hangs, self.cfg.ft.rank_termination_signal),
+            signal_for={
+                **dict.fromkeys(gen.hangs, self.cfg.ft.rank_termination_signal),
+                **dict.fromkeys(gen.stuck, signal.SIGKILL),  # it failed already; only exiting is left
+            },
             sweep=lambda: sweep_generation(entry),
             signals=self._signaller,
         )
@@ -343,7 +348,16 @@ class Supervisor:
     async def _tail(self) -> None:
         while True:
             self._follower.poll()
+            self._check_reported_failures()
             await asyncio.sleep(TAIL_INTERVAL)
+
+    def _check_reported_failures(self) -> None:
+        gen = self._current
+        if gen is not None:
+            gen.check_exits(self.cfg.exit_grace, self._reported)
+
+    def _reported(self, rank: RankProcess) -> bool:
+        return rank.slot.rank in self.monitor.exceptions or error_file_time(rank.files.error_file) is not None
 
     def _start_task(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = self._tg.create_task(coro, name=name)

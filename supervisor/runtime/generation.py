@@ -36,6 +36,9 @@ class Generation:
         self.hangs: dict[int, tuple[Hang, float]] = {}  # local rank -> hang, wall time of its deadline
         self.stacks: dict[int, str] = {}  # local rank -> its dumped stacks
         self.notable: dict[int, tuple[str, ...]] = {}  # rank -> trouble-looking log lines
+        # local rank -> when (monotonic) it reported a failure (error file, client) while alive
+        self.reported: dict[int, float] = {}
+        self.stuck: set[int] = set()  # reported a failure, then did not exit within the grace
         self.restart_requested = False  # by an operator (ft-supervisor restart)
         # wall-clock time the termination procedure began: anything a rank
         # recorded before then, it did on its own
@@ -49,7 +52,7 @@ class Generation:
 
     @property
     def verdict(self) -> GroupVerdict:
-        if self.hangs:  # a hung rank was stopped by us, but the generation failed
+        if self.hangs or self.stuck:  # stopped by us, but the generation failed
             return GroupVerdict.FAILED
         return group_verdict({lr: r.state for lr, r in self.ranks.items()})
 
@@ -65,6 +68,28 @@ class Generation:
         """A rank missed a deadline: the generation is over."""
         self.hangs.setdefault(local_rank, (hang, deadline_wall))
         self.ended.set()
+
+    def check_exits(self, grace: float, reported: Callable[[RankProcess], bool]) -> None:
+        """A rank that reported its failure (its torchelastic error file, or its client's
+        exception report) must exit soon; one that does not (a gloo or NCCL teardown
+        blocked on a peer, a stuck atexit handler) ends the generation after ``grace`` s."""
+        if not self.started or self.ended.is_set():
+            return
+        now = self._clock.monotonic()
+        for lr, rank in self.ranks.items():
+            if rank.returncode is not None or rank.state is not RankState.RUNNING:
+                continue
+            seen = self.reported.get(lr)
+            if seen is None:
+                if reported(rank):
+                    self.reported[lr] = now
+                    self._events.emit("rank_failure_reported", generation=self.number,
+                                      rank=rank.slot.rank, pid=rank.pid, exit_grace=grace)  # fmt: skip
+            elif now - seen >= grace:
+                self._events.emit("rank_exit_stuck", logging.WARNING, generation=self.number,
+                                  rank=rank.slot.rank, pid=rank.pid, waited=round(now - seen, 3))  # fmt: skip
+                self.stuck.add(lr)
+                self.ended.set()
 
     def request_restart(self) -> None:
         self.restart_requested = True

@@ -184,3 +184,20 @@ def test_bad_policy_options_fail_with_a_clear_message(start: Start, tmp_path: Pa
         d = start(*FAST, *args, FAILS)
         assert d.wait() == 2
         assert message in d.stderr(), d.stderr()
+
+
+def test_a_rank_that_failed_but_cannot_exit_is_ended_after_the_grace(start: Start) -> None:
+    d = start(*FAST, "--max-restarts", "1", "--exit-grace", "1", FAILS, "--generations", "0",
+              "--error-file", "--stuck-at-exit", "--raise", "RuntimeError", "teardown hangs")  # fmt: skip
+    d.wait_event("generation_started", where=lambda e: e["generation"] == 1)
+    d.signal(15)
+    assert d.wait() == 128 + 15
+    reported = d.events("rank_failure_reported")[0]
+    stuck = d.events("rank_exit_stuck")[0]
+    assert (reported["rank"], stuck["rank"]) == (1, 1)
+    assert stuck["waited"] >= 1
+    exited = next(e for e in d.events("rank_exited") if e["generation"] == 0 and e["rank"] == 1)
+    assert exited["signal"] == "SIGKILL"
+    # its error file makes it the root cause, though we killed it
+    assert _decisions(d) == [("restart", "P9")]
+    assert "RuntimeError: teardown hangs" in d.events("decision")[0]["detail"]

@@ -118,6 +118,7 @@ def test_exhausted_restarts_print_the_root_cause_from_the_error_file(start: Star
     assert len(d.events("generation_started")) == 2
 
 
+@pytest.mark.timeout(420)  # the backstop must not cut the test's own deadline (400 s) short
 def test_twenty_consecutive_crash_restart_cycles(start: Start) -> None:
     d = start(
         "--nproc-per-node",

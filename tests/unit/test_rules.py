@@ -127,6 +127,9 @@ def test_evidence_from_the_error_file_the_client_and_the_exit() -> None:
     c = classify_rank(RULES, _failure(0, exception=reported))
     assert (c.rule, c.action) == ("D1", Action.RESCHEDULE)
     assert classify_rank(RULES, _failure(0, status=ExitStatus(signal=9))).rule == "X-SIGKILL"
+    # a SIGKILL we sent (the termination procedure) is not the OOM killer's
+    ours = RankExit(0, 0, 100, ExitStatus(signal=9), at=1.0, at_wall=1.0, terminated=True)
+    assert classify_rank(RULES, RankFailure(exit=ours)).rule == UNCLASSIFIED
     assert classify_rank(RULES, _failure(0, status=ExitStatus(code=127))).action is Action.ABORT
     hang = Hang(0, HangKind.HEARTBEAT, None, open_for=2.0, timeout=1.0, late_by=0.001)
     c = classify_rank(RULES, _failure(0, status=ExitStatus(signal=9), hang=hang))
