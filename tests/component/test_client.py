@@ -11,6 +11,7 @@ import pytest
 import zmq
 
 from supervisor.core.topology import ENV_RANKS_ENDPOINT, ENV_TIMEOUTS
+from supervisor.transport import schema
 
 
 def _run(code: str, env: dict[str, str], tmp: Path) -> subprocess.CompletedProcess[str]:
@@ -173,3 +174,33 @@ def test_a_request_is_acknowledged_and_calls_after_shutdown_stay_silent(router, 
     assert out == "True\nFalse\n"
     assert seen == ["hello", "request", "bye"]
     assert not sock.poll(200)  # nothing after the bye
+
+
+def test_an_uncaught_exception_is_reported_with_its_causes(router, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    sock, endpoint = router
+    env = dict(os.environ, RANK="1", TORCHELASTIC_RESTART_COUNT="0")
+    env[ENV_RANKS_ENDPOINT] = endpoint
+    r = _run(
+        """
+        from supervisor import client
+        client.init()
+        class BackendError(RuntimeError):
+            pass
+        try:
+            raise ConnectionResetError("the peer went away")
+        except ConnectionResetError as cause:
+            raise BackendError("NCCL communicator was aborted") from cause
+        """,
+        env,
+        tmp_path,
+    )
+    assert r.returncode == 1
+    assert "BackendError: NCCL communicator was aborted" in r.stderr  # the usual traceback still prints
+    (messages,) = _drain(sock, 2).values()
+    assert [m["type"] for m in messages] == ["hello", "exception"]
+    report = schema.decode_rank_message(orjson.dumps(messages[1]))
+    assert isinstance(report, schema.ExceptionReport)
+    assert (report.rank, report.exc_type) == (1, "BackendError")
+    assert report.message == "NCCL communicator was aborted"
+    assert report.causes == (("ConnectionResetError", "the peer went away"),)
+    assert "Traceback (most recent call last)" in report.traceback

@@ -56,10 +56,6 @@ def test_a_dist_backend_error_reschedules_with_the_configured_code(start: Start,
     assert reason["root_cause"]["rank"] == 1
     assert any("DistBackendError" in line for line in reason["evidence_lines"])
     assert reason["node"] and reason["restarts_used"] == 0
-    # what the rank's client reported, with its cause
-    assert "RuntimeError: the peer went away" in "\n".join(reason["classification"]["lines"]) or any(
-        "DistBackendError" in ln for ln in reason["classification"]["lines"]
-    )
     # OSMO's launch scripts look for these
     written = (tmp_path / "errors" / "training_errors.log.rank_1").read_text()
     assert written.startswith("Training error occurred: ")
