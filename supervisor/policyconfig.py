@@ -120,7 +120,7 @@ def load_rules_file(path: str) -> list[Mapping[str, Any]]:
     return rules
 
 
-def _rules(files: Sequence[str]) -> tuple[Mapping[str, Any], ...]:
+def user_rules(files: Sequence[str]) -> tuple[Mapping[str, Any], ...]:
     from plugins.rules import builtin_layer  # noqa: PLC0415 - the built-ins, to check overrides against
 
     out: list[Mapping[str, Any]] = []
@@ -165,7 +165,7 @@ def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str], ft: FtCon
         restart_window=window,
         policy=policy,
         presets=presets,
-        rules=_rules(files),
+        rules=user_rules(files),
         rule_files=files,
         disabled_plugins=tuple(p.strip() for p in disabled.split(",") if p.strip()),
         error_log_prefix=_pick(ns, environ, "--error-log-prefix"),

@@ -203,10 +203,10 @@ def add_commands(sub: Any) -> None:
 
 
 def _registry(ns: argparse.Namespace) -> Registry:
-    from supervisor.policyconfig import PolicyConfigError, _rules  # noqa: PLC0415
+    from supervisor.policyconfig import PolicyConfigError, user_rules  # noqa: PLC0415
 
     try:
-        rules = _rules(ns.rules)
+        rules = user_rules(ns.rules)
     except PolicyConfigError as exc:
         raise SystemExit(f"ft-supervisor {ns.command}: {exc}") from None
     registry = Registry(disabled=[p.strip() for p in ns.disable_plugins.split(",") if p.strip()])
