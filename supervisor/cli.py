@@ -30,6 +30,7 @@ from supervisor.config import (
     parse_std,
     safe_name,
 )
+from supervisor.coord.config import RdzvConfig, RdzvConfigError, parse_conf
 from supervisor.core.topology import Topology
 from supervisor.process.spawn import Program
 
@@ -67,16 +68,27 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     g = p.add_argument_group("torchrun options")
-    _opt(g, "--nnodes", default="1:1", help="number of nodes, N or MIN:MAX (this version: 1)")
+    _opt(
+        g,
+        "--nnodes",
+        default="1:1",
+        help="number of nodes, N or MIN:MAX (a node beyond MAX waits as a spare)",
+    )
     _opt(g, "--nproc-per-node", default="1", help="ranks on this node: an integer, cpu, gpu or auto")
-    _opt(g, "--node-rank", type=int, default=0, help="rank of this node (0 on a single node)")
+    _opt(g, "--node-rank", type=int, default=0, help="rank of this node (static backend; others assign it)")
     _opt(g, "--standalone", action="store_true", help="single-node run with a local store on a free port")
-    _opt(g, "--rdzv-backend", default="static", help="rendezvous backend (single node: not needed)")
+    _opt(g, "--rdzv-backend", default="static", help="rendezvous backend: c10d, static or etcd-v2")
     _opt(g, "--rdzv-endpoint", default="", help="rendezvous endpoint HOST:PORT")
     _opt(g, "--rdzv-id", default=None, help="run id (TORCHELASTIC_RUN_ID); default: a fresh uuid")
     _opt(g, "--run-id", default=None, help="alias of --rdzv-id")
-    _opt(g, "--rdzv-conf", default="", help="rendezvous configuration key=value,...")
-    _opt(g, "--max-restarts", type=int, default=0, help="generation restarts allowed before failing")
+    _opt(
+        g,
+        "--rdzv-conf",
+        default="",
+        help="rendezvous configuration key=value,...: join_timeout, last_call_timeout, close_timeout, "
+        "keep_alive_interval, keep_alive_max_attempt, is_host, read_timeout",
+    )
+    _opt(g, "--max-restarts", type=int, default=0, help="restarts allowed to the whole job before failing")
     _opt(g, "--monitor-interval", type=float, default=0.1, help="accepted; exits are noticed at once")
     _opt(
         g,
@@ -210,16 +222,35 @@ _UNSUPPORTED = {
 }
 
 
-def _check_single_node(ns: argparse.Namespace) -> None:
-    _, hi = parse_nnodes(ns.nnodes)
-    if hi > 1:
-        raise ConfigError(f"--nnodes {ns.nnodes}: this version supervises a single node only")
-    if ns.node_rank != 0:
-        raise ConfigError(f"--node-rank {ns.node_rank}: with one node the only node rank is 0")
+def _rendezvous(ns: argparse.Namespace) -> RdzvConfig | None:
+    """The rendezvous of a multi-node run; None for a single node (no rendezvous needed)."""
+    lo, hi = parse_nnodes(ns.nnodes)
     if ns.standalone and ns.rdzv_endpoint:
         raise ConfigError(
             f"--standalone starts its own local store; it contradicts --rdzv-endpoint {ns.rdzv_endpoint}"
         )
+    if hi == 1:
+        if ns.node_rank != 0:
+            raise ConfigError(f"--node-rank {ns.node_rank}: with one node the only node rank is 0")
+        return None
+    if ns.standalone:
+        raise ConfigError(f"--standalone is a single-node run; it contradicts --nnodes {ns.nnodes}")
+    endpoint = ns.rdzv_endpoint.strip()
+    if not endpoint and ns.rdzv_backend == "static" and ns.master_addr and ns.master_port:
+        endpoint = f"{ns.master_addr}:{ns.master_port}"  # torchrun's static default
+    try:
+        return RdzvConfig(
+            backend=ns.rdzv_backend,
+            endpoint=endpoint,
+            run_id=_given_run_id(ns) or "none",  # every node must name the same job
+            min_nodes=lo,
+            max_nodes=hi,
+            node_rank=ns.node_rank,
+            local_addr=ns.local_addr,
+            conf=parse_conf(ns.rdzv_conf),
+        )
+    except RdzvConfigError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_unsupported(ns: argparse.Namespace) -> None:
@@ -252,10 +283,17 @@ def _program(ns: argparse.Namespace, environ: Mapping[str, str]) -> Program:
     )
 
 
-def _run_id(ns: argparse.Namespace) -> str:
+def _given_run_id(ns: argparse.Namespace) -> str | None:
     if ns.rdzv_id is not None and ns.run_id is not None and ns.rdzv_id != ns.run_id:
         raise ConfigError(f"--rdzv-id {ns.rdzv_id!r} and --run-id {ns.run_id!r} contradict each other")
     given = ns.rdzv_id if ns.rdzv_id is not None else ns.run_id
+    return None if given is None else str(given)
+
+
+def _run_id(ns: argparse.Namespace, rdzv: RdzvConfig | None) -> str:
+    if rdzv is not None:
+        return rdzv.run_id
+    given = _given_run_id(ns)
     if ns.standalone:
         return str(uuid.uuid4())  # torchrun ignores an explicit id here too
     if given is not None:
@@ -271,7 +309,7 @@ def _positive(option: str, value: float, *, zero_ok: bool = True) -> float:
 
 
 def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunConfig:
-    _check_single_node(ns)
+    rdzv = _rendezvous(ns)
     _check_unsupported(ns)
     nproc = parse_nproc(ns.nproc_per_node, environ)
     if ns.max_restarts < 0:
@@ -289,15 +327,17 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
     except policyconfig.PolicyConfigError as exc:
         raise ConfigError(str(exc)) from None
     log_dir = Path(ns.log_dir or "ft-supervisor-logs").absolute()
-    run_id = _run_id(ns)
+    run_id = _run_id(ns, rdzv)
     shutdown = ns.workers_stop_timeout if ns.workers_stop_timeout is not None else ns.shutdown_timeout
     return RunConfig(
         program=_program(ns, environ),
-        topology=Topology(nproc_per_node=nproc, role=ns.role),
+        topology=_first_place(nproc, ns.role, rdzv),
         max_restarts=ns.max_restarts,
         run_id=run_id,
         master_addr=ns.master_addr or ns.local_addr or "localhost",
-        master_port=ns.master_port,
+        # several nodes: node 0 picks a fresh port every generation (the static
+        # backend's --master-port is its rendezvous store's)
+        master_port=ns.master_port if rdzv is None else None,
         log_dir=log_dir,
         state_dir=Path(ns.state_dir).absolute() if ns.state_dir else log_dir / safe_name(run_id) / "state",
         redirects=parse_std("--redirects", ns.redirects, nproc),
@@ -312,7 +352,17 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         log_level=ns.log_level,
         ft=ft,
         policy=policy,
+        rdzv=rdzv,
     )
+
+
+def _first_place(nproc: int, role: str, rdzv: RdzvConfig | None) -> Topology:
+    """Where this node expects to be until the rendezvous says: its ranks spawn meanwhile."""
+    if rdzv is None:
+        return Topology(nproc_per_node=nproc, role=role)
+    nnodes = rdzv.max_nodes if rdzv.backend == "static" else rdzv.min_nodes
+    node_rank = rdzv.node_rank if rdzv.node_rank < nnodes else 0
+    return Topology(nproc_per_node=nproc, nnodes=nnodes, node_rank=node_rank, role=role)
 
 
 def _run(ns: argparse.Namespace) -> int:

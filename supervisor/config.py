@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from supervisor.coord.config import RdzvConfig
 from supervisor.core.topology import Topology
 from supervisor.ftconfig import FtConfig
 from supervisor.log import STDERR, STDOUT
@@ -160,6 +161,7 @@ class RunConfig:
     log_level: str = "info"
     ft: FtConfig = field(default_factory=FtConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    rdzv: RdzvConfig | None = None  # None: a single node, no rendezvous
 
     def console_streams(self, local_rank: int) -> tuple[int, ...]:
         """Streams of a local rank shown on the console (torchrun's rules)."""

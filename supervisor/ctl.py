@@ -146,6 +146,28 @@ def _age(seconds: object) -> str:
     return "-" if seconds is None else f"{float(seconds):.1f}s"  # type: ignore[arg-type]
 
 
+def _render_job(job: dict[str, Any]) -> list[str]:
+    """Every node of a multi-node job, as each last published itself."""
+    lines = [
+        f"job: this node is {job.get('node_rank')} of {job.get('nnodes')} "
+        f"(rendezvous round {job.get('round')})",
+        f"{'NODE':>4} {'HOST':<20} {'PID':>8} {'STATE':<10} {'GEN':>4} {'RANKS':>5} {'UPDATED':>8}",
+    ]
+    now = time.time()
+    for n in sorted(
+        job.get("nodes") or [], key=lambda n: (n.get("node_rank") is None, n.get("node_rank") or 0)
+    ):
+        rank = "-" if n.get("node_rank") is None else str(n["node_rank"])
+        gen = "-" if n.get("generation") is None else str(n["generation"])
+        updated = n.get("updated")
+        age = "-" if updated is None else _age(now - float(updated))
+        lines.append(
+            f"{rank:>4} {str(n.get('host', '?'))[:20]:<20} {n.get('pid', '-')!s:>8} "
+            f"{n.get('state', '?')!s:<10} {gen:>4} {n.get('ranks', '-')!s:>5} {age:>8}"
+        )
+    return lines
+
+
 def render_status(s: dict[str, Any]) -> str:
     lines = [
         f"run {s['run_id']}  pid {s['pid']}  generation {s['generation']}  "
@@ -177,5 +199,7 @@ def render_status(s: dict[str, Any]) -> str:
         lines.append("learned:  " + format_fields({k: v for k, v in learned.items() if v}))
     if s.get("dropped"):
         lines.append("dropped messages: " + format_fields(s["dropped"]))
+    if s.get("job"):
+        lines += _render_job(s["job"])
     lines.append(f"run dir: {s['run_dir']}")
     return "\n".join(lines)

@@ -44,6 +44,13 @@ class Reason(StrEnum):
     CLASSIFIED = "classified"  # the classification asks for another node
     REPEATED = "repeated"  # the same failure again on this node: escalated
     NO_PROGRESS = "no_progress"  # a crash loop
+    # multi-node: why a node whose own ranks were healthy restarts or leaves
+    PEER_FAILED = "peer_failed"  # another node's generation failed
+    MEMBERSHIP = "membership"  # a node joined or left: the world changes
+    NODE_LOST = "node_lost"  # another node's daemon stopped keeping the rendezvous alive
+    STOPPED = "stopped"  # this node was told to stop (a signal): it leaves the job
+    RENDEZVOUS_TIMEOUT = "rendezvous_timeout"  # too few nodes came back within the join timeout
+    RENDEZVOUS_LOST = "rendezvous_lost"  # the rendezvous store cannot be reached
 
 
 @dataclass(frozen=True, slots=True)

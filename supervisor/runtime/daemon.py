@@ -17,15 +17,18 @@ import resource
 import secrets
 import signal
 import time
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Awaitable, Coroutine
+from dataclasses import replace
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
 
 from supervisor import log
 from supervisor.config import RunConfig
+from supervisor.coord.job import JobOver, LocalJob, RendezvousJob, Round
 from supervisor.core.evidence import WorkloadAsk
+from supervisor.core.jobwide import NodeOutcome, PeerNews, joint, spends_budget
 from supervisor.core.learning import learn, observe
 from supervisor.core.states import GroupVerdict
 from supervisor.core.topology import (
@@ -39,7 +42,7 @@ from supervisor.process.orphans import OrphanGuard, sweep_generation
 from supervisor.process.spawn import RankProcess
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller, TerminationReport, terminate
-from supervisor.runtime import aftermath, outcome, signals, statefile, status
+from supervisor.runtime import aftermath, outcome, rounds, signals, statefile, status
 from supervisor.runtime.aio import first
 from supervisor.runtime.clock import Clock
 from supervisor.runtime.control import ControlServer
@@ -54,6 +57,7 @@ from supervisor.transport.endpoints import Endpoints, Sockets, bind
 EXIT_SUCCESS = 0
 EXIT_FAILED = 1  # the daemon's own failure (an internal error)
 EXIT_USAGE = 2
+T = TypeVar("T")
 TAIL_INTERVAL = 0.05
 
 
@@ -78,6 +82,7 @@ class Supervisor:
         self._stopping = asyncio.Event()
         self._force = asyncio.Event()
         self._current: Generation | None = None
+        self._round: Round | None = None
         self._started_at = self.clock.monotonic()
         self._tasks: set[asyncio.Task[None]] = set()
         self._state_path = statefile.path_in(config.state_dir)
@@ -90,6 +95,11 @@ class Supervisor:
         self.events.publish = lambda topic, line: _publish(sockets, topic, line)
         self.monitor = self._make_monitor(sockets)
         self.judge = Judge(self.cfg, self.events, self.clock)
+        self.job: LocalJob | RendezvousJob = (
+            LocalJob(self.cfg.master_addr, self.cfg.master_port)
+            if self.cfg.rdzv is None
+            else RendezvousJob(self.cfg.rdzv, self.cfg.master_port, self.events)
+        )
         control = ControlServer(sockets.control, self._control, self.events)
         self._control_drops = control.drops
         self.ident = RunIdentity(
@@ -180,35 +190,144 @@ class Supervisor:
     # -- the loop -----------------------------------------------------------------
 
     async def _supervise(self) -> int:
-        launcher = self._launcher
-        gen = await launcher.prepare(0, standby=False)
+        launcher, job = self._launcher, self.job
+        gen = await launcher.prepare(0, standby=False)  # ranks preload while the nodes gather
+        try:
+            if not await self._unless_stopped(job.start()):
+                await launcher.drop(gen)
+                return self._stopped_code()
+        except JobOver as over:
+            await launcher.drop(gen)
+            return await self._job_over(None, over)
         while True:
-            self._current = gen
-            await launcher.launch(gen)
-            upcoming = self._tg.create_task(
-                launcher.prepare_standby(gen, self.judge.remaining(), self._stopping)
-            )
-            await first(gen.ended.wait(), self._stopping.wait())
-            if gen.hangs and self._stop_signal is None:
-                await aftermath.collect_stacks(gen, self.monitor, self.cfg.ft.stack_dump_timeout, self.events)
-            report = await self._end(gen)
-            if self._stop_signal is not None:
-                await launcher.discard(upcoming)
-                return 128 + self._stop_signal
-            decision = await self._decide(gen, report)
-            if decision is None or decision.action is not Action.RESTART:
-                await launcher.discard(upcoming)
-                if decision is None:
-                    return EXIT_SUCCESS
-                self.judge.report(decision, self.logger, self.rundir.root)
-                return self.cfg.policy.exit_codes.of(decision.action)
-            if decision.reason is not Reason.OPERATOR_REQUEST:
-                self.judge.restarted()
-            standby = await upcoming
-            gen = standby or await launcher.prepare(gen.number + 1, standby=False)
+            try:
+                rnd = await self._unless_stopped(job.join(gen.number))
+            except JobOver as over:
+                await launcher.drop(gen)
+                return await self._job_over(None, over)
+            if rnd is None:
+                await launcher.drop(gen)
+                return self._stopped_code()
+            self._round = rnd
+            topology = replace(self.cfg.topology, nnodes=rnd.nnodes, node_rank=rnd.node_rank)
+            gen = await launcher.fit(gen, topology)
+            if job.multi:
+                self._sync_budget(rnd)
+            after = await self._run_generation(gen, rnd)
+            if isinstance(after, int):
+                return after
+            gen = after
 
-    async def _decide(self, gen: Generation, report: TerminationReport) -> Decision | None:
-        """What follows the generation; None when it simply succeeded."""
+    async def _run_generation(self, gen: Generation, rnd: Round) -> Generation | int:
+        """Run one generation to its end; the next one, or this node's exit code."""
+        launcher, job = self._launcher, self.job
+        self._current = gen
+        job.note("running", generation=gen.number, node_rank=rnd.node_rank, nnodes=rnd.nnodes,
+                 ranks=len(gen.ranks))  # fmt: skip
+        await launcher.launch(gen, rnd.master_addr, rnd.master_port)
+        upcoming = self._tg.create_task(launcher.prepare_standby(gen, self.judge.remaining(), self._stopping))
+        watch = asyncio.ensure_future(job.watch(rnd))
+        await first(gen.ended.wait(), self._stopping.wait(), watch)
+        news, over = rounds.heard(watch)
+        if news is not None:
+            self.events.emit(
+                "peer_news", logging.WARNING, generation=gen.number, news=str(news[0]), detail=news[1]
+            )
+        stopping = self._stop_signal is not None
+        if (
+            job.multi
+            and news is None
+            and over is None
+            and (stopping or gen.verdict is not GroupVerdict.SUCCEEDED)
+        ):
+            over = await self._announce_end(rnd, gen)
+        if gen.hangs and not stopping:
+            await aftermath.collect_stacks(gen, self.monitor, self.cfg.ft.stack_dump_timeout, self.events)
+        report = await self._end(gen)
+        if stopping or over is not None:
+            await launcher.discard(upcoming)
+            return await self._job_over(rnd, over) if over is not None else self._stopped_code()
+        decision = await self._decide(gen, report, news)
+        own = rounds.own_outcome(rnd, decision, self.judge.classification, self.judge.node)
+        try:
+            outcomes = await self._unless_stopped(job.agree(rnd, own))
+        except JobOver as gone:
+            await launcher.discard(upcoming)
+            return await self._job_over(rnd, gone)
+        if outcomes is None:
+            await launcher.discard(upcoming)
+            return self._stopped_code()
+        action = joint(own, outcomes)
+        if job.multi:
+            self.events.emit("job_decision", generation=gen.number, action=str(action),
+                             outcomes=[o.to_json() for o in outcomes])  # fmt: skip
+        if action is Action.RESTART:
+            if spends_budget(outcomes):
+                self.judge.restarted()
+                counters = [o.node_rank for o in outcomes if o.reason is not Reason.NODE_LOST]
+                if job.multi and rnd.node_rank == min(counters, default=rnd.node_rank):
+                    await job.count_restart()
+            standby = await upcoming
+            return standby or await launcher.prepare(gen.number + 1, standby=False)
+        await launcher.discard(upcoming)
+        if action is not own.action:
+            decision = rounds.adopted(action, outcomes)
+            self.judge.adopt(decision, gen.number)
+        live = sum(1 for o in outcomes if o.reason is not Reason.NODE_LOST)
+        await job.finish(rnd, action, job_over=action is not Action.RESCHEDULE, live=live)
+        if decision is None:
+            return EXIT_SUCCESS
+        self.judge.report(decision, self.logger, self.rundir.root)
+        return self.cfg.policy.exit_codes.of(action)
+
+    async def _unless_stopped(self, aw: Awaitable[T]) -> T | None:
+        """``aw``'s result, or None when a stop signal came first (``aw`` is then cancelled)."""
+        task = asyncio.ensure_future(aw)
+        await first(task, self._stopping.wait())
+        if not task.done():
+            return None
+        return task.result()
+
+    def _stopped_code(self) -> int:
+        assert self._stop_signal is not None
+        return 128 + self._stop_signal
+
+    async def _announce_end(self, rnd: Round, gen: Generation) -> JobOver | None:
+        why = "stopping" if self._stop_signal is not None else f"generation {gen.number} {gen.verdict}"
+        try:
+            await self.job.announce_end(rnd, why)
+            if self._stop_signal is not None:
+                # the others need not wait for this node's keep-alive to go stale
+                left = NodeOutcome(rnd.node_rank, Action.RESCHEDULE, Reason.STOPPED, "stopped by a signal",
+                                   node=self.judge.node)  # fmt: skip
+                await self.job.publish(rnd, left)
+                await self.job.finish(rnd, Action.RESCHEDULE, job_over=False)
+        except JobOver as over:
+            return over
+        return None
+
+    async def _job_over(self, rnd: Round | None, over: JobOver) -> int:
+        """The job cannot go on with this node (the rendezvous ended, timed out, or is gone)."""
+        self.events.emit("job_over", logging.WARNING, action=str(over.action), reason=str(over.reason),
+                         detail=over.detail)  # fmt: skip
+        if rnd is not None and over.reason is not Reason.RENDEZVOUS_LOST:
+            await self.job.finish(rnd, over.action, job_over=False)
+        if over.action is Action.CONTINUE:
+            return EXIT_SUCCESS  # a spare let go: the job is done without it
+        decision = Decision(over.action, over.reason, over.detail)
+        self.judge.adopt(decision, 0 if self._current is None else self._current.number)
+        self.judge.report(decision, self.logger, self.rundir.root)
+        return self.cfg.policy.exit_codes.of(over.action)
+
+    def _sync_budget(self, rnd: Round) -> None:
+        """A node that joined late takes on the restarts the job already spent."""
+        for _ in range(rnd.restarts_used - self.judge.budget.used):
+            self.judge.restarted()
+
+    async def _decide(
+        self, gen: Generation, report: TerminationReport, news: tuple[PeerNews, str] | None
+    ) -> Decision | None:
+        """What follows the generation on this node; None when it simply succeeded."""
         requests = tuple(
             WorkloadAsk(r.rank, str(r.action), r.reason)
             for r in self.monitor.requests
@@ -218,11 +337,22 @@ class Supervisor:
             return self.judge.operator_restart(gen)
         if gen.verdict is GroupVerdict.SUCCEEDED and not requests:
             return None
+        if (
+            news is not None
+            and gen.verdict is not GroupVerdict.FAILED
+            and not report.unkillable
+            and not requests
+        ):
+            return self.judge.follow(gen, *news)
         return await self.judge.judge(gen, self.monitor, report.unkillable, requests)
 
     def _on_hang(self, hang: Hang) -> None:
         gen = self._current
-        slot = next((s for s in self.cfg.topology.slots() if s.rank == hang.rank), None)
+        slot = (
+            None
+            if gen is None
+            else next((r.slot for r in gen.ranks.values() if r.slot.rank == hang.rank), None)
+        )
         if gen is None or slot is None or gen.ended.is_set():
             return
         self.events.emit(
@@ -327,21 +457,18 @@ class Supervisor:
         return self._status()
 
     def _status(self) -> dict[str, Any]:
-        gen = self._current
-        now = self.clock.monotonic()
-        return {
-            "run_id": self.cfg.run_id,
-            "run_dir": str(self.rundir.root),
-            "pid": os.getpid(),
-            "generation": None if gen is None else gen.number,
-            "uptime_s": round(now - self._started_at, 3),
-            "restarts_used": self.judge.budget.used,
-            "max_restarts": self.cfg.max_restarts,
-            "ranks": status.ranks(gen, self.monitor, now),
-            "timeouts": status.timeouts(self.monitor),
-            "received": self.monitor.received,
-            "dropped": status.dropped(self.monitor, {str(k): v for k, v in self._control_drops.items()}),
-        }
+        return status.build(
+            run_id=self.cfg.run_id,
+            run_dir=str(self.rundir.root),
+            gen=self._current,
+            monitor=self.monitor,
+            uptime=self.clock.monotonic() - self._started_at,
+            now=self.clock.monotonic(),
+            restarts_used=self.judge.budget.used,
+            max_restarts=self.cfg.max_restarts,
+            control_drops={str(k): v for k, v in self._control_drops.items()},
+            job=status.job(self._round, self.job.nodes()) if self.job.multi else None,
+        )
 
     # -- background tasks -----------------------------------------------------------
 

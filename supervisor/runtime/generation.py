@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 
 from supervisor.core.states import GroupVerdict, RankState, group_verdict
+from supervisor.core.topology import Topology
 from supervisor.core.types import ExitStatus, RankExit, signal_name
 from supervisor.core.watch import Hang
 from supervisor.process.spawn import RankProcess
@@ -31,6 +32,7 @@ class Generation:
         before_exit_event: Callable[[], None] = lambda: None,
     ) -> None:
         self.number = number
+        self.topology = Topology(nproc_per_node=1)  # set by the launcher before any rank spawns
         self.ranks: dict[int, RankProcess] = {}
         self.exits: dict[int, RankExit] = {}
         self.hangs: dict[int, tuple[Hang, float]] = {}  # local rank -> hang, wall time of its deadline

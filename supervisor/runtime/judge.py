@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.config import RunConfig
+from supervisor.core import jobwide
 from supervisor.core.classify import Classification
 from supervisor.core.evidence import Evidence, WorkloadAsk
+from supervisor.core.jobwide import PeerNews
 from supervisor.core.policy import Budget, History, Past, decide
 from supervisor.core.types import Action, Decision, Reason
 from supervisor.hooks import PluginSettings
@@ -107,7 +109,23 @@ class Judge:
 
     def operator_restart(self, gen: Generation) -> Decision:
         decision = Decision(Action.RESTART, Reason.OPERATOR_REQUEST, "restart requested by an operator")
-        self.evidence = Evidence((), generation=gen.number, node=self.node)
+        return self._without_evidence(gen.number, decision)
+
+    def follow(self, gen: Generation, news: PeerNews, detail: str) -> Decision:
+        """This node's ranks were healthy; news from a peer ended them."""
+        decision = jobwide.follow(news, self.budget, self._clock.monotonic(), detail)
+        return self._without_evidence(gen.number, decision)
+
+    def adopt(self, decision: Decision, generation: int) -> None:
+        """The job decided for this node (a peer's abort, a job-wide reschedule,
+        a rendezvous that ended): keep this node's evidence, record the decision."""
+        if self.evidence is None:
+            self.evidence = Evidence((), generation=generation, node=self.node)
+        self.decision = decision
+        self._emit(self.evidence, self.classification, decision)
+
+    def _without_evidence(self, generation: int, decision: Decision) -> Decision:
+        self.evidence = Evidence((), generation=generation, node=self.node)
         self.classification, self.decision = None, decision
         self._emit(self.evidence, None, decision)
         return decision

@@ -14,8 +14,14 @@ import orjson
 from supervisor import log
 from supervisor.config import RunConfig
 from supervisor.core.states import RankState
-from supervisor.core.topology import ENV_RANKS_ENDPOINT, ENV_TIMEOUTS, RunIdentity, master_env, rank_env
-from supervisor.process.ports import free_port
+from supervisor.core.topology import (
+    ENV_RANKS_ENDPOINT,
+    ENV_TIMEOUTS,
+    RunIdentity,
+    Topology,
+    master_env,
+    rank_env,
+)
 from supervisor.process.spawn import spawn_rank
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller, terminate
@@ -56,23 +62,46 @@ class Launcher:
         self._start_task = start_task
         self._signaller = signaller
         self._force = force
+        self.topology = cfg.topology  # this node's place in the job, as of the last round
 
-    async def prepare(self, number: int, *, standby: bool) -> Generation:
+    async def prepare(self, number: int, *, standby: bool, topology: Topology | None = None) -> Generation:
+        """Spawn a generation's ranks; they wait for their go. Until the
+        rendezvous says otherwise, this node keeps the place it had last."""
         gen = Generation(number, self._clock, self._events, self._follower.poll)
-        for slot in self.cfg.topology.slots():
+        gen.topology = topology or self.topology
+        for slot in gen.topology.slots():
             await self._spawn_into(gen, slot.local_rank, standby=standby)
         return gen
+
+    async def fit(self, gen: Generation, topology: Topology) -> Generation:
+        """The generation's ranks, for this node's place in the round.
+
+        A node whose rank or world changed (nodes joined or left) drops ranks
+        spawned for its old place: RANK is fixed when a rank starts."""
+        self.topology = topology
+        if gen.topology == topology:
+            return gen
+        self._events.emit(
+            "node_moved",
+            generation=gen.number,
+            node_rank=topology.node_rank,
+            nnodes=topology.nnodes,
+            was_node_rank=gen.topology.node_rank,
+            was_nnodes=gen.topology.nnodes,
+        )
+        await self.drop(gen)
+        return await self.prepare(gen.number, standby=False, topology=topology)
 
     def _monitor_env(self) -> dict[str, str]:
         described = self._monitor.learned.describe(self._monitor.configured)
         return {ENV_RANKS_ENDPOINT: self._ranks_endpoint, ENV_TIMEOUTS: orjson.dumps(described).decode()}
 
     async def _spawn_into(self, gen: Generation, local_rank: int, *, standby: bool) -> None:
-        slot = self.cfg.topology.slots()[local_rank]
+        slot = gen.topology.slots()[local_rank]
         files = self._rundir.rank_files(gen.number, local_rank)
         env = rank_env(
             os.environ,
-            self.cfg.topology,
+            gen.topology,
             slot,
             self._ident,
             generation=gen.number,
@@ -108,21 +137,22 @@ class Launcher:
             return None
         if not all(ready.result()) or current.ended.is_set():
             return None
-        return await self.prepare(current.number + 1, standby=True)
+        return await self.prepare(current.number + 1, standby=True, topology=current.topology)
 
-    async def launch(self, gen: Generation) -> None:
+    async def launch(self, gen: Generation, master_addr: str, master_port: int) -> None:
         for lr, rank in list(gen.ranks.items()):
             if rank.state is RankState.FAILED:  # a standby that died while waiting
                 await self._spawn_into(gen, lr, standby=False)
-        port = self.cfg.master_port or free_port()
         # learned timeouts may have changed since a standby was spawned
-        late = master_env(self.cfg.master_addr, port) | self._monitor_env()
+        late = master_env(master_addr, master_port) | self._monitor_env()
         standby = [lr for lr, r in gen.ranks.items() if r.state is RankState.STANDBY]
         self._events.emit(
             "generation_started",
             generation=gen.number,
-            master_addr=self.cfg.master_addr,
-            master_port=port,
+            master_addr=master_addr,
+            master_port=master_port,
+            node_rank=gen.topology.node_rank if gen.topology.nnodes > 1 else None,
+            nnodes=gen.topology.nnodes if gen.topology.nnodes > 1 else None,
             standby_ranks=len(standby),
         )
         self._monitor.start_generation(gen.number, {r.slot.rank: r.pid for r in gen.ranks.values()})
@@ -139,8 +169,11 @@ class Launcher:
     async def discard(self, upcoming: asyncio.Task[Generation | None]) -> None:
         """Stop standby ranks that will never get their go, and forget their files."""
         gen = await upcoming
-        if gen is None:
-            return
+        if gen is not None:
+            await self.drop(gen)
+
+    async def drop(self, gen: Generation) -> None:
+        """Stop ranks that never got their go, and forget their files."""
         for rank in gen.ranks.values():
             rank.close_boot()
         await terminate(

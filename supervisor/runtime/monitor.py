@@ -75,6 +75,7 @@ class Monitor:
     def start_generation(self, number: int, pids: dict[int, int]) -> None:
         self._cancel_timers()
         self.generation = number
+        self._ranks = frozenset(pids)  # a node's ranks change when nodes join or leave
         self.watches = {}
         self.stack_signals = {}
         self.pids = dict(pids)

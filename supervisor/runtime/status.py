@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from supervisor.coord.job import Round
 from supervisor.runtime.generation import Generation
 from supervisor.runtime.monitor import Monitor
 
@@ -46,3 +48,43 @@ def dropped(monitor: Monitor | None, control_drops: dict[str, int]) -> dict[str,
     for reason, n in control_drops.items():
         counts[f"control_{reason}"] = n
     return counts
+
+
+def job(rnd: Round | None, nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """This node's place in a multi-node job, and every node's last published state."""
+    return {
+        "node_rank": None if rnd is None else rnd.node_rank,
+        "nnodes": None if rnd is None else rnd.nnodes,
+        "round": None if rnd is None else rnd.rdzv_round,
+        "nodes": nodes,
+    }
+
+
+def build(
+    *,
+    run_id: str,
+    run_dir: str,
+    gen: Generation | None,
+    monitor: Monitor,
+    uptime: float,
+    now: float,
+    restarts_used: int,
+    max_restarts: int,
+    control_drops: dict[str, int],
+    job: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """What ``ft-supervisor status`` shows, and SIGUSR1 logs."""
+    return {
+        "run_id": run_id,
+        "run_dir": run_dir,
+        "pid": os.getpid(),
+        "generation": None if gen is None else gen.number,
+        "uptime_s": round(uptime, 3),
+        "restarts_used": restarts_used,
+        "max_restarts": max_restarts,
+        "ranks": ranks(gen, monitor, now),
+        "timeouts": timeouts(monitor),
+        "received": monitor.received,
+        "dropped": dropped(monitor, control_drops),
+        "job": job,
+    }

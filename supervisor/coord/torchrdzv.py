@@ -1,0 +1,188 @@
+"""torch.distributed.elastic's rendezvous, as the coordinator uses it. Blocking: call from a thread.
+
+The c10d and etcd-v2 backends are torch's dynamic rendezvous (the machinery
+torchrun and ft_launcher use): a shared state, compare-and-set in a store, with
+a keep-alive per node; the static backend is torch's fixed-rank TCPStore.
+Reading who is in the round, who waits and whose keep-alive is stale needs the
+dynamic handler's state: this module is the one place that reads it, and
+``tests/component/test_rendezvous.py`` fails the day torch changes its shape.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousGracefulExitError,
+    RendezvousParameters,
+    RendezvousStoreInfo,
+    RendezvousTimeoutError,
+)
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
+
+from supervisor.coord.config import RdzvConfig
+
+OUR_PREFIX = "ft-supervisor"
+SHARE_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+class RendezvousEnded(Exception):
+    """The rendezvous cannot go on: ``kind`` is closed, timeout or unreachable."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The shared rendezvous state at one moment (dynamic backends)."""
+
+    round: int
+    complete: bool
+    closed: bool
+    participants: dict[str, int]  # node identity -> node rank
+    waiting: frozenset[str]  # want the next round
+    spares: frozenset[str]  # torch's redundancy list: beyond MAX, waiting for a place
+    heartbeats: dict[str, float]  # node identity -> wall-clock seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """One completed rendezvous round, as this node sees it."""
+
+    round: int
+    node_rank: int
+    nnodes: int
+    me: str
+    members: dict[int, str]  # node rank -> node identity ("" for the static backend)
+    store: Store  # our keys for this round only
+    master_addr: str
+    master_port: int
+
+
+class TorchRendezvous:
+    def __init__(self, cfg: RdzvConfig) -> None:
+        self.cfg = cfg
+        conf: dict[str, Any] = dict(cfg.conf)
+        if cfg.backend == "static":
+            conf["rank"] = cfg.node_rank
+        self._params = RendezvousParameters(
+            backend=cfg.backend,
+            endpoint=cfg.endpoint,
+            run_id=cfg.run_id,
+            min_nodes=cfg.min_nodes,
+            max_nodes=cfg.max_nodes,
+            local_addr=cfg.local_addr,
+            **conf,
+        )
+        # Torch's handler shares one TCPStore server per agent with the ranks, and
+        # then publishes its address only when it first becomes node 0: a node
+        # joining later as node 1 waits forever for it. Our ranks host their own
+        # store every generation anyway (see core.topology), so opt out.
+        os.environ[SHARE_STORE_OPT_OUT] = "1"
+        self._backend: Any = None
+        self._base: Store | None = None
+        try:
+            if cfg.backend == "static":
+                from torch.distributed.elastic.rendezvous import static_tcp_rendezvous  # noqa: PLC0415
+
+                self._handler: Any = static_tcp_rendezvous.create_rdzv_handler(self._params)
+            else:
+                # etcd-v2 imports python-etcd: only when asked for
+                name = "c10d_rendezvous_backend" if cfg.backend == "c10d" else "etcd_rendezvous_backend"
+                module = importlib.import_module(f"torch.distributed.elastic.rendezvous.{name}")
+                self._backend, store = module.create_backend(self._params)
+                self._base = PrefixStore(f"{OUR_PREFIX}/{cfg.run_id}", store)
+                self._handler = dyn.create_handler(store, self._backend, self._params)
+        except ImportError as exc:
+            raise RendezvousEnded(
+                "unreachable", f"--rdzv-backend {cfg.backend} needs {exc.name}: {exc}"
+            ) from None
+        except (RendezvousError, RuntimeError, ValueError, TimeoutError) as exc:
+            raise RendezvousEnded(
+                "unreachable", f"cannot reach the rendezvous at {cfg.endpoint}: {exc}"
+            ) from None
+
+    @property
+    def base(self) -> Store:
+        """Keys of the whole run (every round): node status, why the job ended."""
+        if self._base is None:
+            raise RendezvousEnded("unreachable", "the static rendezvous has not started yet")
+        return self._base
+
+    def join(self, generation: int, master_port: int) -> Joined:
+        """The next round: blocks until it completes, for up to the join timeout."""
+        try:
+            info = self._handler.next_rendezvous()
+            node_rank, nnodes = info.rank, info.world_size
+            if self.cfg.backend == "static":
+                if self._base is None:
+                    self._base = PrefixStore(OUR_PREFIX, info.store)
+                number, members, me = generation, dict.fromkeys(range(nnodes), ""), ""
+                store = PrefixStore(f"{OUR_PREFIX}/g{generation}", info.store)
+            else:
+                state = self._handler._state_holder.state  # the state that made this round
+                number = state.round
+                members = {rank: repr(node) for node, rank in state.participants.items()}
+                me = repr(self._handler._this_node)
+                store = PrefixStore(OUR_PREFIX, info.store)  # already the round's prefix
+            master = RendezvousStoreInfo.build(node_rank, store, self.cfg.local_addr, server_port=master_port)
+        except RendezvousGracefulExitError as exc:
+            raise RendezvousEnded(
+                "closed", f"the job ended while this node waited as a spare: {exc}"
+            ) from None
+        except RendezvousClosedError as exc:
+            raise RendezvousEnded(
+                "closed", f"the rendezvous is closed: the job ended elsewhere {exc}"
+            ) from None
+        except RendezvousTimeoutError:
+            raise RendezvousEnded(
+                "timeout",
+                f"fewer than {self.cfg.min_nodes} node(s) joined within join_timeout "
+                f"{self.cfg.seconds('join_timeout')} s",
+            ) from None
+        except (RendezvousConnectionError, RendezvousError, RuntimeError, TimeoutError) as exc:
+            raise RendezvousEnded("unreachable", f"rendezvous at {self.cfg.endpoint} failed: {exc}") from None
+        return Joined(number, node_rank, nnodes, me, members, store, master.master_addr, master.master_port)
+
+    def snapshot(self) -> Snapshot | None:
+        """The shared state now; None for the static backend (it has none)."""
+        if self._backend is None:
+            return None
+        got = self._backend.get_state()
+        if got is None:
+            return Snapshot(0, False, False, {}, frozenset(), frozenset(), {})
+        state = pickle.loads(got[0])  # noqa: S301 - torch's own state, from torch's own store
+        return Snapshot(
+            round=state.round,
+            complete=state.complete,
+            closed=state.closed,
+            participants={repr(n): r for n, r in state.participants.items()},
+            waiting=frozenset(repr(n) for n in state.wait_list),
+            spares=frozenset(repr(n) for n in state.redundancy_list),
+            heartbeats={repr(n): t.timestamp() for n, t in state.last_heartbeats.items()},
+        )
+
+    def leave(self) -> None:
+        """Take this node out of the round at once, so the others need not wait
+        for its keep-alive to go stale before they complete the next one."""
+        if self._backend is None:
+            return
+        handler = self._handler
+        handler._stop_heartbeats()
+        deadline = time.monotonic() + self.cfg.seconds("close_timeout")
+        handler._op_executor.run(dyn._RendezvousExitOp(), deadline)
+
+    def close(self) -> None:
+        """The job is over: nodes still waiting (spares) are let go."""
+        self._handler.shutdown()

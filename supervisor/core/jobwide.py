@@ -1,0 +1,155 @@
+"""Job-wide agreement between the daemons of a multi-node job, as pure functions.
+
+Every node of a rendezvous round publishes one outcome when its generation
+ends (its own decision, or the one it follows); each node then applies
+``joint`` to the same set of outcomes, so all act alike without a leader:
+
+* an abort anywhere stops every node;
+* a reschedule names the node that must leave: that node exits with the
+  reschedule code, the others restart and rejoin (a spare or a replacement
+  takes its place);
+* a reschedule because the job's restarts ran out sends every node away;
+* otherwise any failure restarts every node, and only when every node
+  succeeded is the job done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from supervisor.core.policy import Budget
+from supervisor.core.types import Action, Decision, Reason
+
+
+class PeerNews(StrEnum):
+    """What a node learns about its peers while its own ranks run."""
+
+    ENDED = "peer_ended"  # a peer's generation failed, or its node is stopping
+    WAITING = "node_waiting"  # a node asks to join: the membership changes
+    LOST = "node_lost"  # a participant's keep-alive expired: its daemon is gone
+    CLOSED = "rendezvous_closed"  # the job ended elsewhere
+
+
+# Why a node restarts when it only follows its peers. A membership change (a
+# node joining) costs no restart, as with torchrun; a lost node is a failure.
+FOLLOW_REASON: dict[PeerNews, Reason] = {
+    PeerNews.ENDED: Reason.PEER_FAILED,
+    PeerNews.WAITING: Reason.MEMBERSHIP,
+    PeerNews.LOST: Reason.NODE_LOST,
+    PeerNews.CLOSED: Reason.PEER_FAILED,
+}
+
+# Outcomes that do not spend the job's restart budget by themselves: they only
+# echo a failure elsewhere (which spends it) or need no failure at all.
+FREE_REASONS = frozenset({Reason.MEMBERSHIP, Reason.OPERATOR_REQUEST, Reason.PEER_FAILED, Reason.STOPPED})
+
+
+@dataclass(frozen=True, slots=True)
+class NodeOutcome:
+    """How one node's generation of a round ended, as published to the others."""
+
+    node_rank: int
+    action: Action  # CONTINUE: every rank of the node succeeded
+    reason: Reason | None = None
+    detail: str = ""
+    node: str = ""  # host name, for people
+    rule: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "node_rank": self.node_rank,
+            "action": str(self.action),
+            "reason": None if self.reason is None else str(self.reason),
+            "detail": self.detail,
+            "node": self.node,
+            "rule": self.rule,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> NodeOutcome:
+        """Raises ValueError (naming the field) for anything but what to_json wrote."""
+        try:
+            rank, action, reason = data["node_rank"], data["action"], data.get("reason")
+            if not isinstance(rank, int) or isinstance(rank, bool):
+                raise ValueError(f"node_rank {rank!r} is not an integer")  # noqa: TRY004 - one error type for callers
+            return cls(
+                node_rank=rank,
+                action=Action(str(action)),
+                reason=None if reason is None else Reason(str(reason)),
+                detail=str(data.get("detail", "")),
+                node=str(data.get("node", "")),
+                rule=None if data.get("rule") is None else str(data.get("rule")),
+            )
+        except KeyError as exc:
+            raise ValueError(f"a node outcome lacks {exc.args[0]!r}") from None
+
+
+def joint(own: NodeOutcome, outcomes: Iterable[NodeOutcome]) -> Action:
+    """What this node does once every node of the round has published its outcome.
+
+    ``outcomes`` holds every node's outcome, this node's included (and a lost
+    node's as a reschedule): the same set on every node, hence the same job-wide
+    result. Most severe wins, but a reschedule only sends away the node that
+    asked for it.
+    """
+    everyone = [*outcomes, own]
+    actions = {o.action for o in everyone}
+    if Action.ABORT in actions:
+        return Action.ABORT
+    if own.action is Action.RESCHEDULE or any(_job_wide(o) for o in everyone):
+        return Action.RESCHEDULE
+    if actions & {Action.RESTART, Action.RESCHEDULE}:
+        return Action.RESTART
+    return Action.CONTINUE
+
+
+def _job_wide(o: NodeOutcome) -> bool:
+    # no restart left: the job as a whole must run elsewhere, not one node
+    return o.action is Action.RESCHEDULE and o.reason is Reason.RESTARTS_EXHAUSTED
+
+
+def spends_budget(outcomes: Iterable[NodeOutcome]) -> bool:
+    """Does a restart of this round count against the job's --max-restarts?"""
+    return any(
+        o.action is not Action.CONTINUE and o.reason is not None and o.reason not in FREE_REASONS
+        for o in outcomes
+    )
+
+
+def follow(news: PeerNews, budget: Budget, now: float, detail: str) -> Decision:
+    """This node's decision when its ranks were healthy and a peer's news ended them."""
+    reason = FOLLOW_REASON[news]
+    if reason is not Reason.NODE_LOST or budget.remaining(now) > 0:
+        # a failure elsewhere is judged (budget included) by the node that
+        # failed; every node counts the round's restart once outcomes are known
+        return Decision(Action.RESTART, reason, detail)
+    return Decision(
+        Action.RESCHEDULE,
+        Reason.RESTARTS_EXHAUSTED,
+        f"{detail}; no restart left ({budget.max_restarts} used)",
+    )
+
+
+def lost(
+    members: Mapping[int, str],
+    participants: Collection[str],
+    heartbeats: Mapping[str, float],
+    now: float,
+    bound: float,
+) -> frozenset[int]:
+    """Node ranks of the round whose daemon is gone.
+
+    ``members`` maps each node rank of the round to its rendezvous identity;
+    ``participants`` and ``heartbeats`` (wall-clock seconds) are the rendezvous
+    state now. A member is gone when the rendezvous dropped it, or when its last
+    keep-alive is older than ``bound`` (the keep-alive interval times the
+    attempts torch allows).
+    """
+    gone = set()
+    for rank, who in members.items():
+        beat = heartbeats.get(who)
+        if who not in participants or beat is None or now - beat > bound:
+            gone.add(rank)
+    return frozenset(gone)

@@ -1,0 +1,48 @@
+"""A node's part in a job round, beyond its own ranks: what it heard from its
+peers, what it publishes, and whose decision it ends up following."""
+
+from __future__ import annotations
+
+import asyncio
+
+from supervisor.coord.job import JobOver, Round
+from supervisor.core.classify import Classification
+from supervisor.core.jobwide import NodeOutcome, PeerNews
+from supervisor.core.types import Action, Decision, Reason
+
+
+def own_outcome(rnd: Round, decision: Decision | None, c: Classification | None, node: str) -> NodeOutcome:
+    """This node's outcome of the round, as its peers will read it."""
+    if decision is None:  # every rank of this node succeeded
+        return NodeOutcome(rnd.node_rank, Action.CONTINUE, node=node)
+    return NodeOutcome(
+        rnd.node_rank,
+        decision.action,
+        decision.reason,
+        decision.detail,
+        node=node,
+        rule=None if c is None else c.rule,
+    )
+
+
+def heard(watch: asyncio.Future[tuple[PeerNews, str]]) -> tuple[tuple[PeerNews, str] | None, JobOver | None]:
+    """What watching the peers brought: news, the job lost, or nothing yet."""
+    if not watch.done():
+        watch.cancel()
+        return None, None
+    if watch.cancelled():
+        return None, None
+    exc = watch.exception()
+    if isinstance(exc, JobOver):
+        return None, exc
+    if exc is not None:
+        raise exc
+    return watch.result(), None
+
+
+def adopted(action: Action, outcomes: list[NodeOutcome]) -> Decision:
+    """The decision of the node whose outcome decided this one's."""
+    by = next(o for o in outcomes if o.action is action)
+    return Decision(
+        action, Reason.PEER_FAILED, f"node {by.node_rank} ({by.node}) decided {action}: {by.detail}"
+    )
