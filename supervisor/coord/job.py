@@ -126,7 +126,7 @@ class RendezvousJob:
             try:
                 return TorchRendezvous(self.cfg)
             except RendezvousEnded as exc:
-                raise JobOver(Action.RESCHEDULE, Reason.RENDEZVOUS_TIMEOUT, str(exc)) from None
+                raise JobOver(Action.RESCHEDULE, Reason.RENDEZVOUS_LOST, str(exc)) from None
 
         self._rdzv = await in_thread(connect, "rdzv-connect")
         return True
@@ -179,7 +179,8 @@ class RendezvousJob:
             if why is not None:
                 return JobOver(why, Reason.PEER_FAILED, f"{detail}; the job ended with {why}")
             return JobOver(Action.CONTINUE, Reason.PEER_FAILED, detail)
-        return JobOver(Action.RESCHEDULE, Reason.RENDEZVOUS_TIMEOUT, detail)
+        reason = Reason.RENDEZVOUS_TIMEOUT if kind == "timeout" else Reason.RENDEZVOUS_LOST
+        return JobOver(Action.RESCHEDULE, reason, detail)
 
     def _closed_reason(self) -> Action | None:
         try:

@@ -255,6 +255,9 @@ def test_a_rank_stuck_in_the_kernel_ends_the_run_without_wedging(start: Start, t
         err = d.stderr()
         assert "action=reschedule reason=rank_unkillable" in err
         assert "stuck in the kernel after SIGKILL: local rank(s) [0]" in err
-        assert d.events("rank_unkillable")[0]["local_ranks"] == [0]
-        assert not d.events("generation_started")[1:]  # never restarted over it
+        stuck = d.events("rank_unkillable")
+        assert stuck[0]["local_ranks"] == [0]
+        # never restarted over it (on a busy machine rank 1 may fail before rank 0
+        # reaches the trap: that first failure is restarted as any other)
+        assert not [e for e in d.events("generation_started") if e["generation"] > stuck[0]["generation"]]
         trap.release()

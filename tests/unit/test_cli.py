@@ -33,7 +33,16 @@ def script(tmp_path: Path) -> Path:
     ("args", "message"),
     [
         (["--bogus"], "unrecognized arguments: --bogus"),
-        (["--nnodes", "2"], "--nnodes 2: this version supervises a single node only"),
+        (["--nnodes", "2"], "--rdzv-backend static on several nodes needs --master-addr and --master-port"),
+        (["--nnodes", "2", "--rdzv-backend", "c10d"], "needs --rdzv-endpoint HOST:PORT"),
+        (["--nnodes", "2", "--rdzv-backend", "zk", "--rdzv-endpoint", "h:1"], "expected one of c10d, static"),
+        (["--nnodes", "1:2", "--master-addr", "h", "--master-port", "5"], "the static backend needs a fixed"),
+        (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank 2: must be in [0, 2)"),
+        (["--nnodes", "2", "--standalone"], "--standalone is a single-node run"),
+        (["--nnodes", "2", "--rdzv-conf", "join_timout=5"], "unknown key 'join_timout'"),
+        (["--nnodes", "2", "--rdzv-conf", "join_timeout=soon"], "join_timeout=soon: expected a whole number"),
+        (["--nnodes", "2", "--rdzv-conf", "is_host"], "'is_host' is not key=value"),
+        (["--nnodes", "2", "--rdzv-conf", "is_host=perhaps"], "is_host=perhaps: expected true or false"),
         (["--nnodes", "x"], "--nnodes 'x': expected N or MIN:MAX"),
         (["--node-rank", "1"], "--node-rank 1: with one node the only node rank is 0"),
         (["--nproc-per-node", "zero"], "--nproc-per-node 'zero': expected an integer"),
@@ -124,6 +133,41 @@ def test_static_master_port_keeps_the_run_id(script: Path) -> None:
 def test_config_errors_are_value_errors(script: Path) -> None:
     with pytest.raises(ConfigError):
         _parse("--nnodes", "3", str(script))
+
+
+def test_multi_node_options_as_torchrun_takes_them(script: Path) -> None:
+    cfg = _parse(
+        "--nnodes", "2:4", "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "head:29400",
+        "--rdzv_id", "job9", "--rdzv_conf", "join_timeout=60,last_call_timeout=5,is_host=false",
+        "--master-port", "29500", str(script),
+    )  # fmt: skip
+    rdzv = cfg.rdzv  # type: ignore[attr-defined]
+    assert (rdzv.backend, rdzv.endpoint, rdzv.run_id, rdzv.min_nodes, rdzv.max_nodes) == (
+        "c10d",
+        "head:29400",
+        "job9",
+        2,
+        4,
+    )
+    assert rdzv.seconds("join_timeout") == 60 and rdzv.seconds("keep_alive_interval") == 5
+    assert rdzv.keep_alive_bound == 15.0  # torch's default: 3 keep-alives of 5 s
+    assert cfg.master_port is None  # type: ignore[attr-defined]  # node 0 picks one every generation
+    assert cfg.run_id == "job9"  # type: ignore[attr-defined]
+    # until the rendezvous says, a node expects the smallest world
+    assert (cfg.topology.nnodes, cfg.topology.node_rank) == (2, 0)  # type: ignore[attr-defined]
+
+
+def test_static_multi_node_takes_its_endpoint_from_the_master(script: Path) -> None:
+    cfg = _parse(
+        "--nnodes", "2", "--node-rank", "1", "--master-addr", "n0", "--master-port", "29500", str(script)
+    )
+    rdzv = cfg.rdzv  # type: ignore[attr-defined]
+    assert (rdzv.backend, rdzv.endpoint, rdzv.node_rank, rdzv.run_id) == ("static", "n0:29500", 1, "none")
+    assert cfg.topology.node_rank == 1  # type: ignore[attr-defined]
+
+
+def test_one_node_needs_no_rendezvous(script: Path) -> None:
+    assert _parse("--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", str(script)).rdzv is None  # type: ignore[attr-defined]
 
 
 def test_the_scripts_options_stay_the_scripts_even_when_they_look_like_ours() -> None:

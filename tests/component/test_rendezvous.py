@@ -1,0 +1,95 @@
+"""Our adapter over torch's elastic rendezvous, against the real thing (c10d, TCPStore).
+
+It reads the dynamic handler's state (who is in the round, whose keep-alive is
+stale): the day torch changes that shape, these tests fail, not a job.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from supervisor.coord.config import RdzvConfig
+from supervisor.process.ports import free_port
+
+pytestmark = pytest.mark.torch
+torchrdzv = pytest.importorskip("supervisor.coord.torchrdzv")
+
+
+@pytest.fixture
+def endpoint() -> Iterator[str]:
+    from torch.distributed import TCPStore  # noqa: PLC0415
+
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False)
+    yield f"127.0.0.1:{port}"
+    del store
+
+
+def config(endpoint: str, run_id: str) -> RdzvConfig:
+    conf = {"is_host": "0", "keep_alive_interval": "1", "last_call_timeout": "1", "join_timeout": "30"}
+    return RdzvConfig("c10d", endpoint, run_id, 2, 2, local_addr="127.0.0.1", conf=conf)
+
+
+def join_both(a: object, b: object, generation: int) -> list[object]:
+    results: list[object] = [None, None]
+
+    def join(i: int, r: object) -> None:
+        results[i] = r.join(generation, free_port())  # type: ignore[attr-defined]
+
+    threads = [threading.Thread(target=join, args=(i, r)) for i, r in enumerate((a, b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(r is not None for r in results), "a node never completed the rendezvous"
+    return results
+
+
+def test_two_nodes_agree_on_the_round_and_the_master(endpoint: str) -> None:
+    a = torchrdzv.TorchRendezvous(config(endpoint, "r1"))
+    b = torchrdzv.TorchRendezvous(config(endpoint, "r1"))
+    ja, jb = join_both(a, b, 0)
+    assert {ja.node_rank, jb.node_rank} == {0, 1} and ja.nnodes == jb.nnodes == 2
+    assert ja.members == jb.members and set(ja.members.values()) == {ja.me, jb.me}
+    assert (
+        (ja.master_addr, ja.master_port) == (jb.master_addr, jb.master_port) == ("127.0.0.1", ja.master_port)
+    )
+    # what one publishes under the round's prefix, the other reads
+    ja.store.set("outcome/x", "hello")
+    assert jb.store.get("outcome/x") == b"hello"
+
+    snap = a.snapshot()
+    assert snap.complete and not snap.closed and snap.round == ja.round
+    assert snap.participants == {who: rank for rank, who in ja.members.items()}
+    assert all(time.time() - snap.heartbeats[who] < 5 for who in ja.members.values())
+
+    b.leave()  # stepping out: the others need not wait for its keep-alive to go stale
+    assert jb.me not in a.snapshot().participants
+    a.close()
+    assert b.snapshot().closed
+
+
+def test_a_node_that_joins_later_takes_the_place_of_one_that_left(endpoint: str) -> None:
+    a = torchrdzv.TorchRendezvous(config(endpoint, "r2"))
+    b = torchrdzv.TorchRendezvous(config(endpoint, "r2"))
+    first = join_both(a, b, 0)
+    b.leave()
+    c = torchrdzv.TorchRendezvous(config(endpoint, "r2"))
+    ja, jc = join_both(a, c, 1)
+    assert ja.round == first[0].round + 1  # type: ignore[attr-defined]
+    assert {ja.node_rank, jc.node_rank} == {0, 1}
+    # the newcomer reads the master node 0 published for this round (torch's shared
+    # agent store would have it wait forever: see TorchRendezvous)
+    assert (jc.master_addr, jc.master_port) == (ja.master_addr, ja.master_port)
+
+
+def test_an_unreachable_store_is_named() -> None:
+    cfg = RdzvConfig(
+        "c10d", f"127.0.0.1:{free_port()}", "r3", 2, 2, conf={"is_host": "0", "read_timeout": "1"}
+    )
+    with pytest.raises(torchrdzv.RendezvousEnded, match="cannot reach the rendezvous at"):
+        torchrdzv.TorchRendezvous(cfg)

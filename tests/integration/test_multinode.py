@@ -1,0 +1,199 @@
+"""Several daemons on loopback as one multi-node job, through torch's c10d rendezvous.
+
+Each daemon is a "node" with its own directory; real ranks (torch gloo for
+training) run across them. The rendezvous store is hosted by the test itself,
+as a stable endpoint would be in production, so that any daemon may be killed
+or sent away without taking the store with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.process.ports import free_port
+from tests.support import RANKS, TRAIN, Daemon, wait_until
+
+pytestmark = pytest.mark.torch
+Start = Callable[..., Daemon]
+KEEP_ALIVE = 1  # seconds; torch calls a node dead after KEEP_ALIVE * ATTEMPTS without one
+ATTEMPTS = 3
+FAILS = str(RANKS / "fails.py")
+
+
+@pytest.fixture
+def endpoint() -> Iterator[str]:
+    from torch.distributed import TCPStore  # noqa: PLC0415 - only these tests need torch here
+
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False)
+    yield f"127.0.0.1:{port}"
+    del store
+
+
+def node(endpoint: str, nnodes: str = "2", join_timeout: int = 60, *extra: str) -> list[str]:
+    conf = (
+        f"is_host=0,keep_alive_interval={KEEP_ALIVE},keep_alive_max_attempt={ATTEMPTS},"
+        f"last_call_timeout=1,join_timeout={join_timeout}"
+    )
+    return [
+        "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", endpoint, "--local-addr", "127.0.0.1", "--rdzv-conf", conf,
+        "--max-restarts", "2", *extra,
+    ]  # fmt: skip
+
+
+def train(tmp: Path, steps: int, *extra: str) -> list[str]:
+    snapshot = str(tmp / "snap.pt")
+    return [str(TRAIN), "--steps", str(steps), "--step-time", "0.02", "--snapshot", snapshot, *extra]
+
+
+def joined(d: Daemon, generation: int = 0) -> dict[str, Any]:
+    hits = d.wait_event("rendezvous_joined", 90, where=lambda e: e["generation"] == generation)
+    return hits[0]
+
+
+def test_ranks_get_the_environment_torchrun_gives_them_on_every_node(
+    start: Start, endpoint: str, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "OMP_", "TORCH"))}
+    theirs = []
+    port = free_port()
+    for n in range(2):
+        out = tmp_path / f"torchrun{n}"
+        out.mkdir()
+        argv = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t",
+            "--local-addr", "127.0.0.1", "--rdzv-conf", "last_call_timeout=1",
+            str(RANKS / "envdump.py"), str(out),
+        ]  # fmt: skip
+        theirs.append(subprocess.Popen(argv, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+    assert [p.wait(120) for p in theirs] == [0, 0]
+    ours = [tmp_path / "ours0", tmp_path / "ours1"]
+    daemons = []
+    for out in ours:
+        out.mkdir()
+        args = node(endpoint)
+        args[args.index("--nproc-per-node") + 1] = "2"
+        daemons.append(start(*args, str(RANKS / "envdump.py"), str(out), env=env))
+    assert [d.wait(120) for d in daemons] == [0, 0], daemons[0].stderr() + daemons[1].stderr()
+
+    def by_rank(dirs: list[Path]) -> dict[str, dict[str, str]]:
+        envs = [json.loads(f.read_text())["env"] for d in dirs for f in d.glob("rank*.json")]
+        return {e["RANK"]: e for e in envs}
+
+    a, b = by_rank([tmp_path / "torchrun0", tmp_path / "torchrun1"]), by_rank(ours)
+    assert sorted(a) == sorted(b) == ["0", "1", "2", "3"]
+    same = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+            "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_RUN_ID")  # fmt: skip
+    for rank in a:
+        assert {k: a[rank][k] for k in same} == {k: b[rank][k] for k in same}, rank
+        ours_only = {k for k in b[rank] if k.startswith("FT_SUPERVISOR_")}
+        # torch's own opt-out of sharing the agent's store: we never use it
+        assert set(a[rank]) == set(b[rank]) - ours_only - {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
+    # one master for the whole job, picked by node 0, a fresh port
+    assert len({e["MASTER_PORT"] for e in b.values()}) == 1
+
+
+def test_a_rank_crash_on_one_node_restarts_every_node_and_the_job_finishes(
+    start: Start, endpoint: str, tmp_path: Path
+) -> None:
+    crash = ("--crash-at-step", "15", "--crash-rank", "1")
+    d0 = start(*node(endpoint), *train(tmp_path, 60, *crash))
+    d1 = start(*node(endpoint), *train(tmp_path, 60, *crash))
+    places = {joined(d0)["node_rank"], joined(d1)["node_rank"]}
+    assert places == {0, 1}
+    assert [d.wait(120) for d in (d0, d1)] == [0, 0], d0.stderr() + d1.stderr()
+    for d in (d0, d1):
+        decisions = d.events("job_decision")
+        assert [e["action"] for e in decisions] == ["restart", "continue"]
+        assert {o["reason"] for o in decisions[0]["outcomes"]} == {"rank_failed", "peer_failed"}
+        assert len(d.events("generation_started")) == 2
+        assert d.events("run_finished")[0]["restarts_used"] == 1
+    # the healthy node heard it from its peer; it did not wait for gloo to time out
+    healthy = d0 if joined(d0)["node_rank"] == 0 else d1
+    assert healthy.events("peer_news")[0]["news"] == "peer_ended"
+
+
+def test_an_abort_on_one_node_stops_every_node_with_exit_2(start: Start, endpoint: str) -> None:
+    # rank 1 fails in a way retrying cannot help; rank 0 waits to be stopped
+    fail = (FAILS, "--rank", "1", "--raise", "ModuleNotFoundError", "No module named 'nccl_plugin'")
+    d0, d1 = start(*node(endpoint), *fail), start(*node(endpoint), *fail)
+    assert [d.wait(90) for d in (d0, d1)] == [2, 2], d0.stderr() + d1.stderr()
+    for d in (d0, d1):
+        assert d.events("job_decision")[0]["action"] == "abort"
+        reason = json.loads((d.run_dir() / "reason.json").read_text())  # type: ignore[operator]
+        assert reason["outcome"] == "abort"
+
+
+def test_a_killed_daemon_is_noticed_through_the_keep_alive_and_a_replacement_joins(
+    start: Start, endpoint: str, tmp_path: Path
+) -> None:
+    d0 = start(*node(endpoint), *train(tmp_path, 250))
+    d1 = start(*node(endpoint), *train(tmp_path, 250))
+    lost = joined(d1)["node_rank"]
+    d0.wait_event("rank_spawned", 60, where=lambda e: e["generation"] == 1)  # warm: training is under way
+    killed_at = time.time()
+    d1.signal(signal.SIGKILL)
+    d1.wait(10)
+    decision = d0.wait_event("job_decision", 60)[0]
+    outcomes = {o["node_rank"]: o for o in decision["outcomes"]}
+    assert outcomes[lost]["reason"] == "node_lost"
+    # the keep-alive bound, plus one read of the rendezvous state, plus slack for a busy machine
+    assert decision["t_wall"] - killed_at < KEEP_ALIVE * ATTEMPTS + 1 + 5
+    replacement = start(*node(endpoint), *train(tmp_path, 250))
+    assert joined(replacement)["restarts_used"] == 1  # the job's budget, not a fresh one
+    assert d0.wait(120) == 0, d0.stderr()
+    assert replacement.wait(60) == 0, replacement.stderr()
+
+
+def test_a_spare_takes_the_place_of_a_rescheduled_node(start: Start, endpoint: str, tmp_path: Path) -> None:
+    # a failure this site's rules say needs another machine
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\nid = "SITE-BADNODE"\nany = ["injected fault"]\naction = "reschedule"\n')
+    args = (*node(endpoint, "2", 60, "--rules", str(rules)), *train(tmp_path, 60))
+    crash = ("--crash-at-step", "15", "--crash-rank", "1")
+    d0, d1 = start(*args, *crash), start(*args, *crash)
+    first = {joined(d0)["node_rank"]: d0, joined(d1)["node_rank"]: d1}
+    spare = start(*args, *crash)
+    assert first[1].wait(90) == 200, first[1].stderr()  # sent away with the reschedule code
+    assert first[0].wait(90) == 0, first[0].stderr()
+    assert spare.wait(60) == 0, spare.stderr()
+    took = joined(spare)
+    assert (took["node_rank"], took["nnodes"]) == (1, 2)
+    reason = json.loads((first[1].run_dir() / "reason.json").read_text())  # type: ignore[operator]
+    assert (reason["outcome"], reason["rule"]) == ("reschedule", "SITE-BADNODE")
+
+
+def test_status_on_any_node_lists_every_node(start: Start, endpoint: str, tmp_path: Path) -> None:
+    d0 = start(*node(endpoint), FAILS, "--rank", "9")  # nobody fails: every rank waits to be stopped
+    d1 = start(*node(endpoint), FAILS, "--rank", "9")
+    joined(d0), joined(d1)
+
+    def listing() -> str | None:
+        out = subprocess.run(
+            [sys.executable, "-m", "supervisor", "status", "--pid", str(d1.pid)],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        nodes = out.stdout.partition("\nNODE ")[2]  # the job's node table, after the ranks
+        return out.stdout if nodes.count(" running ") == 2 else None
+
+    table = wait_until(listing, 30, "both nodes running in the status of node 1", interval=0.5)
+    assert "job: this node is" in table
+    d0.signal(15)
+    assert d0.wait(60) == 128 + 15
+    # the other node hears it is gone and waits for a replacement
+    assert d1.wait_event("peer_news", 30)[0]["news"] == "peer_ended"
+    d1.signal(15)
+    assert d1.wait(60) == 128 + 15

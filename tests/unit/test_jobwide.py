@@ -1,0 +1,98 @@
+"""Job-wide agreement: the pure rules every node applies to the same outcomes."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from supervisor.core.jobwide import NodeOutcome, PeerNews, follow, joint, lost, spends_budget
+from supervisor.core.policy import Budget
+from supervisor.core.types import Action, Reason
+
+A, R = Action, Reason
+
+
+def out(rank: int, action: Action, reason: Reason | None = None) -> NodeOutcome:
+    return NodeOutcome(rank, action, reason)
+
+
+@pytest.mark.parametrize(
+    ("mine", "theirs", "expected"),
+    [
+        (A.CONTINUE, A.CONTINUE, A.CONTINUE),  # every node done: the job is
+        (A.CONTINUE, A.RESTART, A.RESTART),  # a finished node reruns with the job
+        (A.RESTART, A.ABORT, A.ABORT),  # an abort anywhere stops all
+        (A.RESTART, A.RESCHEDULE, A.RESTART),  # the other node leaves; this one rejoins
+        (A.RESCHEDULE, A.RESTART, A.RESCHEDULE),  # this node leaves
+        (A.RESCHEDULE, A.ABORT, A.ABORT),
+        (A.CONTINUE, A.RESCHEDULE, A.RESTART),  # the job lost a node: it must rejoin
+    ],
+)
+def test_joint_action(mine: Action, theirs: Action, expected: Action) -> None:
+    me = out(0, mine, None if mine is A.CONTINUE else R.RANK_FAILED)
+    other = out(1, theirs, None if theirs is A.CONTINUE else R.CLASSIFIED)
+    assert joint(me, [me, other]) is expected
+
+
+def test_no_restart_left_sends_the_whole_job_away() -> None:
+    me = out(0, A.RESTART, R.PEER_FAILED)
+    exhausted = out(1, A.RESCHEDULE, R.RESTARTS_EXHAUSTED)
+    assert joint(me, [me, exhausted]) is A.RESCHEDULE
+
+
+actions = st.sampled_from(list(Action))
+reasons = st.sampled_from([None, *Reason])
+outcomes = st.lists(st.builds(out, st.integers(0, 7), actions, reasons), min_size=1, max_size=6)
+
+
+@given(outcomes)
+def test_every_node_that_stays_agrees_with_the_others(round_: list[NodeOutcome]) -> None:
+    results = {o.node_rank: joint(o, round_) for o in round_}
+    if any(o.action is A.ABORT for o in round_):
+        assert set(results.values()) == {A.ABORT}
+    staying = {a for a in results.values() if a is not A.RESCHEDULE}
+    assert len(staying) <= 1  # whoever does not leave does the same thing
+
+
+@given(outcomes)
+def test_a_node_leaves_only_if_it_asked_or_the_job_ran_out_of_restarts(round_: list[NodeOutcome]) -> None:
+    for o in round_:
+        if joint(o, round_) is A.RESCHEDULE:
+            assert o.action is A.RESCHEDULE or any(x.reason is R.RESTARTS_EXHAUSTED for x in round_)
+
+
+def test_only_failures_spend_the_jobs_restarts() -> None:
+    assert spends_budget([out(0, A.RESTART, R.RANK_FAILED), out(1, A.RESTART, R.PEER_FAILED)])
+    assert spends_budget([out(0, A.RESTART, R.NODE_LOST)])
+    assert not spends_budget([out(0, A.RESTART, R.MEMBERSHIP), out(1, A.RESTART, R.MEMBERSHIP)])
+    assert not spends_budget([out(0, A.RESTART, R.PEER_FAILED), out(1, A.RESCHEDULE, R.STOPPED)])
+    assert not spends_budget([out(0, A.CONTINUE), out(1, A.CONTINUE)])
+
+
+def test_following_a_peer() -> None:
+    budget, spent = Budget(1), Budget(1).spend(0.0)
+    assert follow(PeerNews.ENDED, spent, 1.0, "x").action is A.RESTART  # the failed node judged the budget
+    assert follow(PeerNews.WAITING, spent, 1.0, "x").reason is R.MEMBERSHIP
+    assert follow(PeerNews.LOST, budget, 1.0, "x").action is A.RESTART
+    gone = follow(PeerNews.LOST, spent, 1.0, "node 1 lost")
+    assert (gone.action, gone.reason) == (A.RESCHEDULE, R.RESTARTS_EXHAUSTED)
+
+
+def test_lost_members() -> None:
+    members = {0: "a", 1: "b", 2: "c"}
+    participants = {"a", "b"}
+    beats = {"a": 100.0, "b": 90.0}
+    assert lost(members, participants, beats, now=101.0, bound=15.0) == {2}  # dropped by the rendezvous
+    assert lost(members, participants, beats, now=106.0, bound=15.0) == {1, 2}  # b's keep-alive is stale
+
+
+def test_outcomes_survive_the_store_and_bad_ones_are_named() -> None:
+    o = NodeOutcome(3, A.ABORT, R.NOT_RETRYABLE, "rank 7: ImportError", node="gpu-12", rule="P0")
+    assert NodeOutcome.from_json(o.to_json()) == o
+    with pytest.raises(ValueError, match="node_rank"):
+        NodeOutcome.from_json({"node_rank": "3", "action": "abort"})
+    with pytest.raises(ValueError, match="'action'"):
+        NodeOutcome.from_json({"node_rank": 3})
+    with pytest.raises(ValueError, match="explode"):
+        NodeOutcome.from_json({"node_rank": 3, "action": "explode"})
