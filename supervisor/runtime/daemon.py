@@ -340,6 +340,9 @@ class Supervisor:
         if (
             news is not None
             and gen.verdict is not GroupVerdict.FAILED
+            # a rank that failed on its own in the same instant (its error file, its
+            # client's report) is judged: its evidence says more than the peer's news
+            and not any(self._reported(r) for r in gen.ranks.values())
             and not report.unkillable
             and not requests
         ):
