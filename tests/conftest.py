@@ -64,3 +64,17 @@ def start(tmp_path: Path, daemons: list[Daemon]):  # type: ignore[no-untyped-def
         return d
 
     return _start
+
+
+@pytest.fixture
+def endpoint() -> Iterator[str]:
+    """A c10d rendezvous store hosted by the test, as a stable endpoint would be in
+    production: any daemon under test may then die or leave without taking it along."""
+    from torch.distributed import TCPStore  # noqa: PLC0415 - only multi-node tests need torch here
+
+    from supervisor.process.ports import free_port  # noqa: PLC0415
+
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False)
+    yield f"127.0.0.1:{port}"
+    del store

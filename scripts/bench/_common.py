@@ -379,3 +379,17 @@ def median(values: Iterable[float | int | None]) -> float | None:
 
 def fmt(x: float | None, digits: int = 2) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def error_message(run_dir: Path, limit: int = 240) -> str | None:
+    """The first line of a generation-1 torchelastic error file under ``run_dir/logs``
+    (torchrun's ``attempt_1`` or ft-supervisor's ``gen_1``), if a rank wrote one."""
+    logs = run_dir / "logs"
+    for path in sorted([*logs.glob("**/attempt_1/*/error.json"), *logs.glob("**/gen_1/*/error.json")]):
+        try:
+            msg = json.loads(path.read_text())["message"]
+            text = msg["message"] if isinstance(msg, dict) else str(msg)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        return text.strip().splitlines()[0][:limit]
+    return None

@@ -128,6 +128,7 @@ from _common import (
     Interrupted,
     Launcher,
     become_subreaper,
+    error_message,
     fmt,
     ft_event_log,
     has_exited,
@@ -404,19 +405,6 @@ def after(events: list[dict[str, Any]], what: str, t0: float) -> dict[int, dict[
     return out
 
 
-def error_message(node_dir: Path) -> str | None:
-    """The first line of a generation-1 error file of this node's rank, if it wrote one."""
-    logs = node_dir / "logs"
-    for path in sorted([*logs.glob("**/attempt_1/*/error.json"), *logs.glob("**/gen_1/*/error.json")]):
-        try:
-            msg = json.loads(path.read_text())["message"]
-            text = msg["message"] if isinstance(msg, dict) else str(msg)
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        return text.strip().splitlines()[0][:200]
-    return None
-
-
 def last_line(path: Path) -> str:
     try:
         lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
@@ -434,7 +422,7 @@ def failure_of(r: RunResult, run_dir: Path, s: Settings, done: int) -> str:
         return f"{done}/{r.nodes} ranks finished after the crash"
     for i in bad:
         node_dir = run_dir / f"node-{i}"
-        why = error_message(node_dir) or last_line(node_dir / "launcher.out")
+        why = error_message(node_dir, limit=200) or last_line(node_dir / "launcher.out")
         parts.append(f"node {i} exit {r.exit_codes[i]}: {why}")
     return "; ".join(parts)
 

@@ -86,6 +86,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _common import error_message
+
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "scripts" / "train.py"
 NPROC = 2
@@ -431,19 +433,6 @@ def torchrun_notice_time(output: str, near: float) -> float | None:
             year = time.localtime(near).tm_year
             t = time.mktime((year, int(month), int(day), int(hh), int(mm), int(ss), 0, 0, -1))
             return t + float("0." + frac)
-    return None
-
-
-def error_message(run_dir: Path) -> str | None:
-    """The first line of a generation-1 torchelastic error file, if a rank wrote one."""
-    logs = run_dir / "logs"
-    for path in sorted([*logs.glob("**/attempt_1/*/error.json"), *logs.glob("**/gen_1/*/error.json")]):
-        try:
-            msg = json.loads(path.read_text())["message"]
-            text = msg["message"] if isinstance(msg, dict) else str(msg)
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        return text.strip().splitlines()[0][:240]
     return None
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -17,16 +16,6 @@ from supervisor.process.ports import free_port
 
 pytestmark = pytest.mark.torch
 torchrdzv = pytest.importorskip("supervisor.coord.torchrdzv")
-
-
-@pytest.fixture
-def endpoint() -> Iterator[str]:
-    from torch.distributed import TCPStore  # noqa: PLC0415
-
-    port = free_port()
-    store = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False)
-    yield f"127.0.0.1:{port}"
-    del store
 
 
 def config(endpoint: str, run_id: str) -> RdzvConfig:

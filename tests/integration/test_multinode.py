@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +28,6 @@ Start = Callable[..., Daemon]
 KEEP_ALIVE = 1  # seconds; torch calls a node dead after KEEP_ALIVE * ATTEMPTS without one
 ATTEMPTS = 3
 FAILS = str(RANKS / "fails.py")
-
-
-@pytest.fixture
-def endpoint() -> Iterator[str]:
-    from torch.distributed import TCPStore  # noqa: PLC0415 - only these tests need torch here
-
-    port = free_port()
-    store = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False)
-    yield f"127.0.0.1:{port}"
-    del store
 
 
 def node(endpoint: str, nnodes: str = "2", join_timeout: int = 60, *extra: str) -> list[str]:
