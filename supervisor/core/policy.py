@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from supervisor.core.classify import Classification
 from supervisor.core.evidence import Evidence, WorkloadAsk
-from supervisor.core.types import Action, Decision, Reason
+from supervisor.core.types import SEVERITY, Action, Decision, Reason
 
 # kept here too for callers that imported it from the policy
 __all__ = ["Budget", "History", "Past", "Policy", "WorkloadAsk", "decide"]
@@ -178,7 +178,9 @@ def _not_retryable(k: _Case) -> Decision | None:
 
 def _repeated(k: _Case) -> Decision | None:
     c, seen = k.c, k.seen
-    if c.repeat is not None and seen >= c.after and c.repeat is not c.action:
+    if c.repeat is not None and seen >= c.after and SEVERITY[c.repeat] > SEVERITY[c.action]:
+        if c.repeat is Action.RESTART and k.budget.remaining(k.now) <= 0:
+            return _budgeted(k)  # an escalation to restart still spends the budget
         return Decision(c.repeat, Reason.REPEATED, f"{_what(c)}, seen {seen} time(s) before on this node")
     if c.nature == "hardware" and seen >= 1:
         return Decision(

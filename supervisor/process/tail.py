@@ -26,6 +26,8 @@ MAX_LINE = 64 * 1024  # a line longer than this is printed in pieces
 READ_SIZE = 256 * 1024
 NOTABLE_LINES = 256  # kept per rank and generation: the first quarter, then the latest
 NOTABLE_LINE_MAX = 2048
+
+
 @dataclass
 class Notable:
     """Trouble-looking lines of one rank: the first ones (the cause is often early)

@@ -409,6 +409,7 @@ class Supervisor:
             killed=len(report.killed),
             swept=report.swept or None,
             seconds=round(report.seconds, 3),
+            iteration=max(self.monitor.iterations(), default=None),
         )
         return report
 

@@ -28,6 +28,9 @@ class EventLog:
         self._common = common
         # also sends each event to live subscribers (the events socket), topic = name
         self.publish: Callable[[bytes, bytes], None] | None = None
+        # in-process readers of every event (metrics, sd_notify): called on the loop
+        # with the event's name and its record; one that raises is dropped, not fatal
+        self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
 
     def emit(
         self, event: str, level: int = logging.INFO, *, quiet: tuple[str, ...] = (), **fields: Any
@@ -44,6 +47,13 @@ class EventLog:
         os.write(self._fd, line + b"\n")
         if self.publish is not None:
             self.publish(event.encode(), line)
+        for listener in list(self.listeners):
+            try:
+                listener(event, record)
+            except Exception as exc:
+                self.listeners.remove(listener)
+                failed = {"event": event, "error": repr(exc)}
+                self._logger.warning("listener_failed", extra={"fields": failed})
         shown = {k: v for k, v in fields.items() if k not in quiet} if quiet else fields
         self._logger.log(level, event, extra={"fields": shown})
 

@@ -68,6 +68,7 @@ class Monitor:
         self.received = 0
         self._timers: dict[int, _Timer] = {}
         self._hung: set[int] = set()
+        self._stepping_ranks: set[int] = set()
         self._identity: bytes | None = None  # the sender of the message being handled
 
     # -- generations ----------------------------------------------------------------
@@ -82,6 +83,7 @@ class Monitor:
         self.requests = []
         self.exceptions = {}
         self._hung = set()
+        self._stepping_ranks = set()
 
     def end_generation(self) -> list[RankWatch]:
         """Stop watching; what was observed, for learning."""
@@ -179,12 +181,12 @@ class Monitor:
                 watch.heartbeat(now)
             case schema.Section():
                 self._section(watch, m, now)
+                self._stepping(watch)
             case schema.Iteration(iteration=n):
                 watch.report_iteration(n, now)
-            case schema.Checkpoint(event="loaded"):
-                watch.checkpoint_loaded = True
-            case schema.Checkpoint(event="saved"):
-                watch.checkpoint_saved = True
+                self._stepping(watch)
+            case schema.Checkpoint(event=event):
+                self._checkpoint(watch, event)
             case schema.Hello():
                 self._hello(m, watch)
             case schema.LoadTimeouts(timeouts=raw):
@@ -215,6 +217,23 @@ class Monitor:
             watch.close_section(m.name, now, self.timeouts)
         if m.iteration is not None:
             watch.iteration = m.iteration
+
+    def _checkpoint(self, watch: RankWatch, event: str) -> None:
+        if event == "loaded":
+            watch.checkpoint_loaded = True
+        else:
+            watch.checkpoint_saved = True
+        # what the run report measures recomputation from
+        self._events.emit("checkpoint_reported", logging.DEBUG, generation=self.generation, rank=watch.rank,
+                          checkpoint=event, iteration=watch.iteration)  # fmt: skip
+
+    def _stepping(self, watch: RankWatch) -> None:
+        """Once per rank and generation: its first step, the end of a restart's downtime."""
+        if watch.rank in self._stepping_ranks or not self.progressed(watch.rank):
+            return
+        self._stepping_ranks.add(watch.rank)
+        self._events.emit("rank_stepping", logging.DEBUG, generation=self.generation, rank=watch.rank,
+                          iteration=watch.iteration)  # fmt: skip
 
     def _ack(self, m: schema.WorkloadRequest) -> None:
         """A request is worth a reply: the rank may be about to exit and wants it delivered."""

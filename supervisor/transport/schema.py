@@ -137,8 +137,15 @@ class Bye:
 
 
 RankMessage = (
-    Hello | Heartbeat | Section | Iteration | Checkpoint | LoadTimeouts | WorkloadRequest
-    | ExceptionReport | Bye
+    Hello
+    | Heartbeat
+    | Section
+    | Iteration
+    | Checkpoint
+    | LoadTimeouts
+    | WorkloadRequest
+    | ExceptionReport
+    | Bye
 )
 
 
@@ -221,9 +228,13 @@ MAX_CAUSES = 8
 
 def _decode_exception(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
     causes = m.get("causes", [])
-    if not isinstance(causes, list) or len(causes) > MAX_CAUSES or not all(
-        isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) and len(x) <= 4096 for x in c)
-        for c in causes
+    if (
+        not isinstance(causes, list)
+        or len(causes) > MAX_CAUSES
+        or not all(
+            isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) and len(x) <= 4096 for x in c)
+            for c in causes
+        )
     ):
         raise Dropped(DropReason.MALFORMED, f"causes must be at most {MAX_CAUSES} [type, message] pairs")
     return ExceptionReport(
