@@ -35,6 +35,7 @@ from supervisor.core.topology import Topology
 from supervisor.process.spawn import Program
 
 EXIT_USAGE = 2
+FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"  # nvidia-resiliency-ext's auto-resume contract
 
 
 def _conflicting_supervisord() -> str | None:
@@ -152,6 +153,27 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
         default=10.0,
         help="seconds a rank that reported its failure (error file, client) may take to exit "
         "before it is killed",
+    )
+    _opt(
+        f,
+        "--save-timeout",
+        type=float,
+        default=60.0,
+        help="before ranks are stopped (a failure, a restart, SIGTERM), ranks that registered a save "
+        "callback are asked to save and get this many seconds; 0 disables it",
+    )
+    _opt(
+        f,
+        "--finished-flag-file",
+        default=os.environ.get(FINISHED_FLAG_ENV) or None,
+        help=f"training is complete when this file exists: the run exits 0 at once (default "
+        f"${FINISHED_FLAG_ENV}); ranks get it in {FINISHED_FLAG_ENV}",
+    )
+    _opt(
+        f,
+        "--autoresume",
+        action="store_true",
+        help="create the finished-flag file when the job completes, for an outer auto-resume loop",
     )
     _opt(
         f,
@@ -346,6 +368,9 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         shutdown_timeout=_positive("--shutdown-timeout", shutdown),
         kill_timeout=_positive("--kill-timeout", ns.kill_timeout, zero_ok=False),
         exit_grace=_positive("--exit-grace", ns.exit_grace, zero_ok=False),
+        save_timeout=_positive("--save-timeout", ns.save_timeout),
+        finished_flag=_finished_flag(ns),
+        autoresume=ns.autoresume,
         stop_signals=parse_signals(ns.signals_to_handle),
         standby=not ns.no_standby and ns.max_restarts > 0,
         virtual_local_rank=ns.virtual_local_rank,
@@ -354,6 +379,14 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         policy=policy,
         rdzv=rdzv,
     )
+
+
+def _finished_flag(ns: argparse.Namespace) -> Path | None:
+    if ns.autoresume and not ns.finished_flag_file:
+        raise ConfigError(
+            f"--autoresume needs the file to create: --finished-flag-file PATH or ${FINISHED_FLAG_ENV}"
+        )
+    return Path(ns.finished_flag_file).absolute() if ns.finished_flag_file else None
 
 
 def _first_place(nproc: int, role: str, rdzv: RdzvConfig | None) -> Topology:

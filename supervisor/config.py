@@ -155,6 +155,9 @@ class RunConfig:
     shutdown_timeout: float = 30.0
     kill_timeout: float = 10.0
     exit_grace: float = 10.0
+    save_timeout: float = 60.0  # the dying gasp: how long ranks with a save callback get to save
+    finished_flag: Path | None = None  # FAULT_TOL_FINISHED_FLAG_FILE: training is complete when it exists
+    autoresume: bool = False  # create finished_flag when the job completes
     stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
     standby: bool = True
     virtual_local_rank: bool = False

@@ -35,6 +35,7 @@ from typing import Any
 import orjson
 
 from supervisor.client.channel import Channel
+from supervisor.client.saver import SaveCallback, Saver, SaveRequest
 from supervisor.core.learning import Learned
 from supervisor.core.topology import ENV_RANKS_ENDPOINT as ENV_ENDPOINT
 from supervisor.core.topology import ENV_TIMEOUTS
@@ -42,12 +43,14 @@ from supervisor.transport.schema import MAX_CAUSES, MAX_TRACEBACK, Request, enco
 
 __all__ = [
     "Request",
+    "SaveRequest",
     "end_all_sections",
     "end_section",
     "heartbeat",
     "init",
     "is_active",
     "load_state_dict",
+    "on_save",
     "report_checkpoint",
     "report_iteration",
     "request",
@@ -75,6 +78,8 @@ class _Client:
         self.timeouts: dict[str, Any] = _parse_timeouts(environ.get(ENV_TIMEOUTS))
         self.monitored = frozenset(self.timeouts.get("sections") or ())
         self.iteration: int | None = None
+        self.endpoint = endpoint
+        self.saver: Saver | None = None
         self._heartbeat = encode("heartbeat", rank=self.rank, gen=self.gen)
         stacks = self._install_stack_dump()
         self.send("hello", pid=os.getpid(), stack_signal=stacks)
@@ -258,6 +263,26 @@ def request(action: Request | str, reason: str = "", *, timeout: float = REQUEST
     request_id = uuid.uuid4().hex[:16]
     c.send("request", action=str(action), reason=str(reason)[:4096], id=request_id)
     return c.channel.await_ack(request_id, timeout)
+
+
+def on_save(callback: SaveCallback | None) -> bool:
+    """Register the dying-gasp save: ``callback(request)`` runs when the daemon is about to
+    stop this rank (a failure elsewhere, a hang, a restart, the scheduler's SIGTERM).
+
+    It runs in a thread of its own, since the training loop may be blocked in a
+    collective with a dead peer: save state the loop keeps consistent (the last
+    completed step's), and do not start collectives. ``request.deadline`` is the
+    time it has; after that the rank is stopped anyway. ``None`` unregisters.
+    True when a daemon supervises this rank.
+    """
+    c = _held.client or _get()
+    if c is None:
+        return False
+    if c.saver is not None and c.saver.pid == os.getpid():
+        c.saver.callback = callback
+    elif callback is not None:
+        c.saver = Saver(c.endpoint, c.rank, c.gen, callback)
+    return True
 
 
 def state_dict() -> dict[str, Any]:

@@ -42,7 +42,7 @@ from supervisor.process.orphans import OrphanGuard, sweep_generation
 from supervisor.process.spawn import RankProcess
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller, TerminationReport, terminate
-from supervisor.runtime import aftermath, outcome, rounds, signals, statefile, status
+from supervisor.runtime import aftermath, autoresume, gasp, outcome, rounds, signals, statefile, status
 from supervisor.runtime.aio import first
 from supervisor.runtime.clock import Clock
 from supervisor.runtime.control import ControlServer
@@ -82,6 +82,7 @@ class Supervisor:
         self._stopping = asyncio.Event()
         self._force = asyncio.Event()
         self._current: Generation | None = None
+        self._completed = False  # the job ended without failure: training is done
         self._round: Round | None = None
         self._started_at = self.clock.monotonic()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -243,6 +244,9 @@ class Supervisor:
             over = await self._announce_end(rnd, gen)
         if gen.hangs and not stopping:
             await aftermath.collect_stacks(gen, self.monitor, self.cfg.ft.stack_dump_timeout, self.events)
+        await gasp.ask_to_save(gen, self.monitor, deadline=self.cfg.save_timeout,
+                               why=self._why_ending(gen, news), events=self.events, clock=self.clock,
+                               force=self._force)  # fmt: skip
         report = await self._end(gen)
         if stopping or over is not None:
             await launcher.discard(upcoming)
@@ -261,6 +265,7 @@ class Supervisor:
         if job.multi:
             self.events.emit("job_decision", generation=gen.number, action=str(action),
                              outcomes=[o.to_json() for o in outcomes])  # fmt: skip
+        self._completed = action is Action.CONTINUE
         if action is Action.RESTART:
             if spends_budget(outcomes):
                 self.judge.restarted()
@@ -291,6 +296,15 @@ class Supervisor:
     def _stopped_code(self) -> int:
         assert self._stop_signal is not None
         return 128 + self._stop_signal
+
+    def _why_ending(self, gen: Generation, news: tuple[PeerNews, str] | None) -> str:
+        if self._stop_signal is not None:
+            return f"stop requested ({signal_name(self._stop_signal)})"
+        if news is not None:
+            return f"peer news: {news[0]}"
+        if gen.restart_requested:
+            return "restart requested"
+        return f"generation {gen.number} {gen.verdict}"
 
     async def _announce_end(self, rnd: Round, gen: Generation) -> JobOver | None:
         why = "stopping" if self._stop_signal is not None else f"generation {gen.number} {gen.verdict}"
@@ -511,6 +525,13 @@ class Supervisor:
 
     def _finish(self, code: int) -> None:
         self._write_reason(code)
+        if code == EXIT_SUCCESS and self._completed and self.cfg.autoresume and self.cfg.finished_flag:
+            try:
+                autoresume.mark_finished(self.cfg.finished_flag, self.cfg.run_id)
+                self.events.emit("finished_flag_written", path=str(self.cfg.finished_flag))
+            except OSError as exc:
+                path = str(self.cfg.finished_flag)
+                self.events.emit("finished_flag_unwritable", logging.ERROR, path=path, error=str(exc))
         usage = resource.getrusage(resource.RUSAGE_SELF)
         self.events.emit(
             "run_finished",
@@ -546,6 +567,11 @@ def run_daemon(config: RunConfig) -> int:
     console.start()
     logger = log.setup(console, config.log_level)
     try:
+        flag = config.finished_flag
+        if flag is not None and flag.exists():
+            logger.info("already_finished", extra={"fields": {"finished_flag": str(flag), "exit_code": 0}})
+            return EXIT_SUCCESS  # an auto-resume loop relaunched a run whose training is complete
+        autoresume.export(flag)
         try:
             rundir = RunDir.create(config.log_dir, config.run_id, os.getpid(), time.time())
         except OSError as exc:

@@ -64,6 +64,9 @@ class Monitor:
         self.pids: dict[int, int] = {}
         self.requests: list[schema.WorkloadRequest] = []
         self.exceptions: dict[int, ReportedException] = {}
+        self.savers: dict[int, bytes] = {}  # rank -> its saver socket (a save callback waits there)
+        self.saves: dict[str, schema.Saved] = {}  # answers to "save now", by request id
+        self.save_news = asyncio.Event()
         self.drops: Counter[DropReason] = Counter()
         self.received = 0
         self._timers: dict[int, _Timer] = {}
@@ -82,6 +85,8 @@ class Monitor:
         self.pids = dict(pids)
         self.requests = []
         self.exceptions = {}
+        self.savers = {}
+        self.saves = {}
         self._hung = set()
         self._stepping_ranks = set()
 
@@ -193,7 +198,7 @@ class Monitor:
                 self._load_timeouts(m.rank, raw)
             case schema.WorkloadRequest():
                 self.requests.append(m)
-                self._ack(m)
+                self._ack(m.id)
                 self._events.emit(
                     "workload_request",
                     logging.WARNING,
@@ -206,6 +211,8 @@ class Monitor:
                 self.exceptions[m.rank] = ReportedException(m.exc_type, m.message, m.traceback, m.causes)
             case schema.Bye():
                 watch.closed = True  # what it showed still counts for learning
+            case schema.SaverReady() | schema.Saved():
+                self._saving(m)
         self._arm(m.rank, now)
 
     def _section(self, watch: RankWatch, m: schema.Section, now: float) -> None:
@@ -235,11 +242,32 @@ class Monitor:
         self._events.emit("rank_stepping", logging.DEBUG, generation=self.generation, rank=watch.rank,
                           iteration=watch.iteration)  # fmt: skip
 
-    def _ack(self, m: schema.WorkloadRequest) -> None:
+    def _saving(self, m: schema.SaverReady | schema.Saved) -> None:
+        if isinstance(m, schema.Saved):
+            self.saves[m.id] = m
+            self.save_news.set()
+        # only the rank's own process: a forked child's callback does not hold the rank's state
+        elif m.pid == self.pids.get(m.rank) and self._identity is not None:
+            self.savers[m.rank] = self._identity
+            self._ack(m.id)
+
+    def ask_to_save(self, rank: int, request_id: str, reason: str, deadline: float) -> bool:
+        """Send "save now" to the rank's saver; False when it has none or the send failed."""
+        identity = self.savers.get(rank)
+        if identity is None:
+            return False
+        request = schema.encode("save", id=request_id, reason=reason, deadline=deadline)
+        try:
+            self._sync.send_multipart([identity, request], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return False
+        return True
+
+    def _ack(self, request_id: str | None) -> None:
         """A request is worth a reply: the rank may be about to exit and wants it delivered."""
-        if self._identity is not None and m.id is not None:
+        if self._identity is not None and request_id is not None:
             with contextlib.suppress(zmq.ZMQError):
-                self._sync.send_multipart([self._identity, schema.encode("ack", id=m.id)], zmq.NOBLOCK)
+                self._sync.send_multipart([self._identity, schema.encode("ack", id=request_id)], zmq.NOBLOCK)
 
     def _hello(self, m: schema.Hello, watch: RankWatch) -> None:
         # a rank's forked children may init the client too: only the rank's

@@ -136,6 +136,28 @@ class Bye:
     gen: int
 
 
+@dataclass(frozen=True, slots=True)
+class SaverReady:
+    """The rank registered a save callback: its saver socket waits for "save now"."""
+
+    rank: int
+    gen: int
+    pid: int
+    id: str | None = None  # when set, the daemon acknowledges once it will ask this socket
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """The answer to a "save now" request: the callback returned (ok) or raised."""
+
+    rank: int
+    gen: int
+    id: str
+    ok: bool
+    error: str
+    seconds: float
+
+
 RankMessage = (
     Hello
     | Heartbeat
@@ -146,6 +168,8 @@ RankMessage = (
     | WorkloadRequest
     | ExceptionReport
     | Bye
+    | SaverReady
+    | Saved
 )
 
 
@@ -247,6 +271,18 @@ def _decode_exception(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
     )
 
 
+def _decode_saved(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
+    ok, seconds = m.get("ok"), m.get("seconds")
+    if not isinstance(ok, bool):
+        raise Dropped(DropReason.MALFORMED, "ok must be true or false")
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+        raise Dropped(DropReason.MALFORMED, "seconds must be a number >= 0")
+    return Saved(
+        rank, gen, _str(m, "id", limit=64) or "", ok, _str(m, "error", optional=True, limit=4096) or "",
+        float(seconds),
+    )  # fmt: skip
+
+
 _DECODERS: dict[str, Callable[[dict[str, Any], int, int], RankMessage]] = {
     "hello": _decode_hello,
     "heartbeat": lambda m, rank, gen: Heartbeat(rank, gen),
@@ -257,6 +293,10 @@ _DECODERS: dict[str, Callable[[dict[str, Any], int, int], RankMessage]] = {
     "request": _decode_request,
     "exception": _decode_exception,
     "bye": lambda m, rank, gen: Bye(rank, gen),
+    "saver": lambda m, rank, gen: SaverReady(
+        rank, gen, _int(m, "pid"), _str(m, "id", optional=True, limit=64)
+    ),
+    "saved": _decode_saved,
 }
 
 

@@ -58,6 +58,8 @@ def script(tmp_path: Path) -> Path:
         (["--kill-timeout", "0"], "--kill-timeout 0.0: must be > 0"),
         (["--numa-binding", "node"], "--numa-binding is not supported"),
         (["--start-method", "thread"], "invalid choice: 'thread'"),
+        (["--autoresume"], "--autoresume needs the file to create: --finished-flag-file PATH"),
+        (["--save-timeout", "-1"], "--save-timeout -1.0: must be >= 0"),
     ],
 )
 def test_bad_options_exit_2_with_a_clear_message(

@@ -32,6 +32,11 @@ def test_every_rank_message_round_trips() -> None:
             schema.WorkloadRequest(1, 2, schema.Request.ABORT, "bad data", "r1"),
         ),
         (schema.encode("bye", rank=1, gen=2), schema.Bye(1, 2)),
+        (schema.encode("saver", rank=1, gen=2, pid=9, id="s1"), schema.SaverReady(1, 2, 9, "s1")),
+        (
+            schema.encode("saved", rank=1, gen=2, id="q", ok=False, error="disk full", seconds=1),
+            schema.Saved(1, 2, "q", False, "disk full", 1.0),
+        ),
     ]
     for payload, expected in cases:
         assert schema.decode_rank_message(payload) == expected
@@ -55,6 +60,11 @@ def test_every_rank_message_round_trips() -> None:
         (_msg(type="checkpoint", event="lost"), DropReason.MALFORMED),
         (_msg(type="timeouts", timeouts=[1]), DropReason.MALFORMED),
         (_msg(type="hello"), DropReason.MALFORMED),
+        (_msg(type="saver"), DropReason.MALFORMED),
+        (_msg(type="saved", id="q", ok="yes", seconds=1), DropReason.MALFORMED),
+        (_msg(type="saved", id="q", ok=True, seconds=-1), DropReason.MALFORMED),
+        (_msg(type="saved", id="q", ok=True, seconds=True), DropReason.MALFORMED),
+        (_msg(type="saved", ok=True, seconds=1), DropReason.MALFORMED),
         (b"{" + b" " * schema.MAX_MESSAGE + b"}", DropReason.OVERSIZED),
     ],
 )
