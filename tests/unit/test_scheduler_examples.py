@@ -1,0 +1,47 @@
+"""The scheduler examples in scripts/schedulers map the exit codes the daemon really uses."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from supervisor.core.outcome import ExitCodes
+
+EXAMPLES = Path(__file__).parents[2] / "scripts" / "schedulers"
+CODES = ExitCodes()
+
+
+def _load(name: str) -> Any:
+    return yaml.safe_load((EXAMPLES / name).read_text())
+
+
+def test_kubernetes_fails_the_job_on_abort_and_retries_a_reschedule() -> None:
+    spec = _load("k8s-job.yaml")["spec"]
+    rules = {r["action"]: r for r in spec["podFailurePolicy"]["rules"]}
+    assert rules["FailJob"]["onExitCodes"]["values"] == [CODES.abort]
+    assert rules["Count"]["onExitCodes"]["values"] == [CODES.reschedule]
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"  # podFailurePolicy requires it
+
+
+def test_kubeflow_exit_code_policy_splits_permanent_from_retryable() -> None:
+    replicas = _load("kubeflow-pytorchjob.yaml")["spec"]["pytorchReplicaSpecs"]
+    assert {r["restartPolicy"] for r in replicas.values()} == {"ExitCode"}
+    # the operator: 1-127 permanent, 128-255 retryable
+    assert 1 <= CODES.abort <= 127 and 128 <= CODES.reschedule <= 255
+
+
+def test_osmo_reschedules_on_the_reschedule_code() -> None:
+    group = _load("osmo-workflow.yaml")["workflow"]["groups"][0]
+    assert group["ignoreNonleadStatus"] is False
+    (task,) = group["tasks"]
+    assert task["exitActions"]["RESCHEDULE"] == CODES.reschedule
+    assert f"--reschedule-exit-code {CODES.reschedule}" in task["args"][0]
+
+
+def test_the_slurm_loop_stops_on_the_abort_code() -> None:
+    text = (EXAMPLES / "slurm-autoresume.sh").read_text()
+    match = re.search(r"ABORT_CODE=\$\{ABORT_CODE:-(\d+)\}", text)
+    assert match is not None and int(match.group(1)) == CODES.abort
