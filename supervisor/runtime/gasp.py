@@ -4,9 +4,9 @@ A rank that registered a save callback (``supervisor.client.on_save``) keeps a
 second socket, served by a thread of its own, so the request reaches it even
 while its training loop is blocked in a collective with a dead peer. Before
 the termination procedure runs (a failure, a hang, a peer's news, an operator
-restart, a stop signal from the scheduler) every live rank with a callback gets
-"save now" and the deadline; the daemon waits until each one answered, exited,
-or the deadline passed, then stops the ranks as usual. MindCluster calls this
+restart, a stop signal from the scheduler) every live rank with a callback,
+but a hung one, gets "save now" and the deadline; the daemon waits until each
+one answered, exited, or the deadline passed, then stops the ranks as usual. MindCluster calls this
 strategy ``dump``; here it costs nothing to ranks without a callback.
 """
 
@@ -37,8 +37,10 @@ async def ask_to_save(
     if deadline <= 0 or force.is_set():
         return
     asked: dict[str, RankProcess] = {}
-    for rank in gen.ranks.values():
-        if rank.returncode is not None:
+    for local_rank, rank in gen.ranks.items():
+        # a hung rank is not asked: its state is in doubt, and a rank stuck holding the
+        # GIL could not answer, so it would only hold the restart for the whole deadline
+        if rank.returncode is not None or local_rank in gen.hangs:
             continue
         request_id = secrets.token_hex(8)
         if monitor.ask_to_save(rank.slot.rank, request_id, why, deadline):
