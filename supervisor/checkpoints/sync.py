@@ -1,0 +1,180 @@
+"""The checkpoint syncer the daemon runs: copy-back at start, a sync every period,
+and a last sync when the run ends.
+
+- Copy-back: before generation 0's ranks run the script (they preload meanwhile),
+  the newest complete entry at DEST is copied into LOCAL under a temporary name and
+  renamed into place, unless LOCAL has it or something newer
+  (``snapshots.restore_choice``). LOCAL is never overwritten nor pruned.
+- Every ``--checkpoint-frequency``: the entries of LOCAL that DEST lacks or holds
+  with another signature are uploaded (``snapshots.plan``), newest first, once no
+  file of theirs was written for the settle time; an entry written to while it was
+  being copied is dropped at DEST and tried again next time. Then retention prunes
+  DEST beyond ``--checkpoint-keep``.
+- When the run ends, whatever the outcome (a SIGTERM included), after the ranks are
+  gone: one more sync, without the settle time (no rank is left to write), bounded
+  by ``--checkpoint-final-timeout``.
+
+A sync that fails is an event (``checkpoint_sync_failed``), tried again next
+period, never fatal to the run. A copy-back that fails (DEST unreachable, LOCAL
+full) lets the ranks start with what LOCAL has; that run then never prunes DEST,
+since what it would delete may be the only good checkpoint. DEST is read once, at
+start; afterwards this process keeps its own account of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+
+from supervisor.checkpointconfig import CheckpointConfig
+from supervisor.checkpoints.local import place_new, remove_leftovers, remove_path, scan_entry, scan_tree
+from supervisor.checkpoints.store import EntryChanged, Maker, Store, later, off, open_store
+from supervisor.checkpoints.threads import DaemonThreads
+from supervisor.core.snapshots import Entry, plan, restore_choice, to_prune
+from supervisor.runtime.events import EventLog
+
+
+class CheckpointSync:
+    """A no-op without ``--checkpoint-path`` (``cfg`` None)."""
+
+    def __init__(
+        self,
+        cfg: CheckpointConfig | None,
+        events: EventLog,
+        *,
+        chunk: int | None = None,
+        store: Store | None = None,  # DEST, when not the one ``cfg.url`` names
+        executor: DaemonThreads | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.events = events
+        # set once the copy-back is over (or not needed): generation 0 waits for it
+        self.restored = asyncio.Event()
+        self._executor = executor or DaemonThreads()
+        self._maker = Maker.here()
+        self._chunk = chunk
+        self._given = store
+        self._store: Store | None = None
+        self._lock = asyncio.Lock()
+        self._may_prune = True
+
+    async def run(self) -> None:
+        """The copy-back, then a sync every period (a task of the daemon's TaskGroup)."""
+        cfg = self.cfg
+        if cfg is None:
+            self.restored.set()
+            return
+        try:
+            await self._restore(cfg)
+        except Exception as exc:
+            self._may_prune = False
+            self.events.emit("checkpoint_sync_failed", logging.ERROR, phase="restore", error=_describe(exc),
+                             dest=cfg.url)  # fmt: skip
+        finally:
+            self.restored.set()
+        while True:
+            await asyncio.sleep(cfg.frequency)
+            await self.sync(final=False)
+
+    async def final(self, *, ranks_gone: bool = True) -> None:
+        """The last sync, bounded by ``--checkpoint-final-timeout``. Once the ranks are
+        gone nothing is still being written, so the settle time does not apply (a rank's
+        last checkpoint, written just before it exited, is the one that matters)."""
+        cfg = self.cfg
+        if cfg is None:
+            return
+        try:
+            async with asyncio.timeout(cfg.final_timeout):
+                await self.sync(final=True, settle=not ranks_gone)
+        except TimeoutError:
+            self.events.emit("checkpoint_sync_failed", logging.ERROR, phase="final", dest=cfg.url,
+                             error=f"the last sync did not finish within {cfg.final_timeout:g}s")  # fmt: skip
+        finally:
+            self._executor.shutdown()
+
+    async def sync(self, *, final: bool, settle: bool = True) -> bool:
+        """One sync; False when it failed (reported, not raised)."""
+        assert self.cfg is not None
+        async with self._lock:
+            try:
+                await self._sync(self.cfg, final=final, settle=settle)
+            except Exception as exc:
+                phase = "final" if final else "periodic"
+                self.events.emit("checkpoint_sync_failed", logging.WARNING, phase=phase,
+                                 error=_describe(exc), dest=self.cfg.url)  # fmt: skip
+                return False
+        return True
+
+    def _open(self, cfg: CheckpointConfig) -> Store:
+        if self._given is not None:
+            return self._given
+        kw = {} if self._chunk is None else {"chunk": self._chunk}
+        return open_store(cfg.url, self._executor, maker=self._maker, **kw)
+
+    async def _restore(self, cfg: CheckpointConfig) -> None:
+        ex = self._executor
+        await off(ex, cfg.path.mkdir, parents=True, exist_ok=True)  # the ranks may expect it
+        store = self._open(cfg)
+        await store.load()
+        self._store = store
+        await off(ex, remove_leftovers, cfg.path, self._maker)  # our own half-restored copies
+        local = await off(ex, scan_tree, cfg.path)
+        choice = restore_choice(local, store.entries)
+        if choice.entry is None:
+            self.events.emit("checkpoint_restore_skipped", reason=choice.reason, dest=cfg.url,
+                             local=sorted(local) or None)  # fmt: skip
+            return
+        e, started = choice.entry, time.monotonic()
+        tmp = cfg.path / self._maker.temp(e.name)
+        try:
+            await store.get(e, tmp)
+            await off(ex, place_new, tmp, cfg.path / e.name)
+        except BaseException:
+            later(ex, remove_path, tmp)  # not waited for: a cancel must not wait on DEST
+            raise
+        self.events.emit("checkpoint_restored", entry=e.name, files=len(e.files), bytes=e.bytes,
+                         seconds=round(time.monotonic() - started, 3), source=cfg.url)  # fmt: skip
+
+    async def _sync(self, cfg: CheckpointConfig, *, final: bool, settle: bool) -> None:
+        started, ex = time.monotonic(), self._executor
+        if self._store is None:  # DEST was unreachable at start
+            store = self._open(cfg)
+            await store.load()
+            self._store = store
+        store = self._store
+        await store.clean()
+        local = await off(ex, scan_tree, cfg.path)
+        todo = plan(local, store.entries, now_ns=time.time_ns(),
+                    settle_ns=int(cfg.settle * 1e9) if settle else 0, keep=cfg.keep)  # fmt: skip
+        sent: list[Entry] = []
+        busy = list(todo.busy)
+        for name in todo.upload:
+            e, path = local[name], cfg.path / name
+            try:
+                await store.put(e, path, functools.partial(off, ex, scan_entry, path))
+            except EntryChanged:
+                busy.append(name)
+                continue
+            sent.append(e)
+        pruned = to_prune(store.entries, cfg.keep) if self._may_prune else ()
+        for name in pruned:
+            await store.delete(name)
+        if pruned:
+            self.events.emit("checkpoint_pruned", entries=list(pruned), dest=cfg.url, keep=cfg.keep)
+        if sent or busy or final:
+            self.events.emit(
+                "checkpoint_synced",
+                entries=[e.name for e in sent],
+                files=sum(len(e.files) for e in sent),
+                bytes=sum(e.bytes for e in sent),
+                seconds=round(time.monotonic() - started, 3),
+                dest=cfg.url,
+                final=final,
+                busy=sorted(busy) or None,
+            )
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,157 @@
+"""Checkpoint sync through the whole daemon: a run killed mid-way resumes, on a fresh
+LOCAL, from the checkpoint copied back from DEST; the last sync runs when the run
+ends; retention keeps the K newest."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.support import RANKS, Daemon, wait_until
+
+RANK = str(RANKS / "checkpointing.py")
+FAST = ("--nproc-per-node", "1", "--preload", "none")
+Start = Callable[..., Daemon]
+
+
+def sync_args(local: Path, dest: Path, *extra: str) -> tuple[str, ...]:
+    return ("--checkpoint-path", str(local), "--checkpoint-url", str(dest), *extra)
+
+
+def committed(dest: Path) -> dict[str, object]:
+    """What DEST's manifest lists, each entry checked complete (it parses, whole)."""
+    manifest = json.loads((dest / ".ft-checkpoints.json").read_text())["entries"]
+    for name in manifest:
+        body = json.loads((dest / name).read_text())
+        assert body["step"] == int(name[5:11]), name
+    names = {p.name for p in dest.iterdir() if not p.name.startswith(".ft-")}
+    assert names == set(manifest)
+    return dict(manifest)
+
+
+def test_a_killed_run_resumes_on_an_empty_local_from_the_copy_back(start: Start, tmp_path: Path) -> None:
+    dest, record = tmp_path / "dest", tmp_path / "resumed.txt"
+    periodic = ("--checkpoint-frequency", "0.2", "--checkpoint-settle", "0.1")
+    first = start(
+        *FAST,
+        *sync_args(tmp_path / "local1", dest, *periodic),
+        RANK,
+        "--dir",
+        str(tmp_path / "local1"),
+        "--every",
+        "3",
+        "--record",
+        str(record),
+    )
+    # more than one entry synced: what is copied back must be the newest, not any
+    first.wait_event("checkpoint_synced", where=lambda e: e["entries"] and not e["final"], count=2)
+    first.signal(signal.SIGKILL)  # no final sync: DEST has what the periodic ones sent
+    first.wait()
+    synced = sorted(committed(dest))
+    newest = int(synced[-1][5:11])
+
+    second = start(
+        *FAST,
+        *sync_args(tmp_path / "local2", dest, *periodic),
+        RANK,
+        "--dir",
+        str(tmp_path / "local2"),
+        "--every",
+        "3",
+        "--record",
+        str(record),
+        "--steps",
+        str(newest + 4),
+    )
+    assert second.wait() == 0, second.stderr()
+    restored = second.events("checkpoint_restored")
+    assert [(e["entry"], e["files"], e["source"]) for e in restored] == [(synced[-1], 1, str(dest))]
+    assert record.read_text().splitlines() == ["resumed -1", f"resumed {newest}"]
+    assert f"resumed from step {newest}" in second.stdout()
+    # copy-back before the script ran, the last sync after the ranks were gone
+    names = [e["event"] for e in second.events()]
+    assert names.index("checkpoint_restored") < names.index("generation_started")
+    final = second.events("checkpoint_synced")[-1]
+    assert final["final"] and names.index("generation_ended") < names.index("checkpoint_synced")
+    after = committed(dest)
+    assert f"step_{newest + 3:06d}.json" in after
+    assert not [p for p in dest.iterdir() if p.name.startswith(".ft-tmp.")]  # the kill's leftovers cleaned
+    # what was copied back is not sent again
+    assert all(synced[-1] not in e["entries"] for e in second.events("checkpoint_synced"))
+
+
+def test_sigterm_ends_with_a_last_sync_after_the_ranks_are_gone(start: Start, tmp_path: Path) -> None:
+    local, dest = tmp_path / "local", tmp_path / "dest"
+    # a settle time no checkpoint reaches while ranks run: only the last sync sends anything
+    d = start(
+        *FAST,
+        *sync_args(local, dest, "--checkpoint-frequency", "1h", "--checkpoint-settle", "60"),
+        RANK,
+        "--dir",
+        str(local),
+        "--save-on-term",
+    )
+    wait_until(lambda: len(list(local.glob("step_*.json"))) >= 3, 30, "three checkpoints in LOCAL")
+    d.signal(signal.SIGTERM)
+    assert d.wait() == 128 + signal.SIGTERM, d.stderr()
+    # the checkpoint the rank saved on SIGTERM is the newest, and at DEST
+    newest = max(p.name for p in local.glob("step_*.json"))
+    assert "on SIGTERM" in d.stdout()
+    assert newest in committed(dest)
+    final = d.events("checkpoint_synced")
+    assert len(final) == 1 and final[0]["final"] and newest in final[0]["entries"]
+    assert sorted(committed(dest)) == sorted(p.name for p in local.glob("step_*.json"))
+
+
+def test_a_normal_end_syncs_the_last_checkpoint(start: Start, tmp_path: Path) -> None:
+    local, dest = tmp_path / "local", tmp_path / "dest"
+    d = start(
+        *FAST,
+        *sync_args(local, dest, "--checkpoint-frequency", "1h", "--checkpoint-settle", "60"),
+        RANK,
+        "--dir",
+        str(local),
+        "--steps",
+        "2",
+        "--step-time",
+        "0",
+    )
+    assert d.wait() == 0, d.stderr()
+    skipped = d.events("checkpoint_restore_skipped")
+    assert [e["reason"] for e in skipped] == ["dest_empty"]
+    synced = d.events("checkpoint_synced")
+    assert [(e["entries"], e["final"]) for e in synced] == [(["step_000001.json", "step_000000.json"], True)]
+    assert sorted(committed(dest)) == ["step_000000.json", "step_000001.json"]
+
+
+def test_retention_keeps_the_k_newest_at_dest_and_all_in_local(start: Start, tmp_path: Path) -> None:
+    local, dest = tmp_path / "local", tmp_path / "dest"
+    d = start(
+        *FAST,
+        *sync_args(
+            local,
+            dest,
+            "--checkpoint-frequency",
+            "0.1",
+            "--checkpoint-settle",
+            "0.05",
+            "--checkpoint-keep",
+            "2",
+        ),
+        RANK,
+        "--dir",
+        str(local),
+        "--steps",
+        "5",
+        "--step-time",
+        "0",
+        "--wait-dest",
+        str(dest),
+    )
+    assert d.wait() == 0, d.stderr()
+    assert sorted(committed(dest)) == ["step_000003.json", "step_000004.json"]
+    pruned = [n for e in d.events("checkpoint_pruned") for n in e["entries"]]
+    assert sorted(pruned) == ["step_000000.json", "step_000001.json", "step_000002.json"]
+    assert len(list(local.glob("step_*.json"))) == 5  # LOCAL is never pruned
