@@ -4,6 +4,14 @@
 # with torch pinned to the CPU build (constraints.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# the run report's screenshot test needs a headless Chromium: on a clean Debian CI
+# machine (root, apt-get) install it, bounded; without it that one test is skipped
+if [ -z "${CHROMIUM:-}" ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null \
+    && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "installing chromium for the run report's screenshot test" >&2
+    { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq chromium; } \
+        >/dev/null 2>&1 || echo "could not install chromium: the screenshot test will be skipped" >&2
+fi
 if [ ! -x .tools/bin/tox ]; then
     python3 -m venv .tools
     .tools/bin/python -m pip install -q "tox>=4.11"
