@@ -8,6 +8,8 @@ Every setting comes from, highest first:
     the defaults
 so an ft_launcher command line or config file works unchanged. Options of
 ft_launcher that do not apply here are accepted and reported as ignored.
+``log_level`` sets the daemon's log level unless ``--log-level`` is given; with a
+config file, SIGHUP re-reads the timeouts and the log level (``runtime/reload.py``).
 """
 
 from __future__ import annotations
@@ -115,6 +117,22 @@ def _flag(value: object) -> bool:
     raise ValueError
 
 
+LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+
+
+def _log_level(value: object) -> str:
+    """nvidia-resiliency-ext's log_level: a name (any case) or logging's number."""
+    if isinstance(value, bool):
+        raise TypeError
+    name = str(value).strip().lower()
+    if name.isdigit():
+        return {number: level for level, number in LOG_LEVELS.items()}[int(name)]
+    name = "warning" if name == "warn" else name
+    if name not in LOG_LEVELS:
+        raise ValueError
+    return name
+
+
 def _signal(value: object) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return int(signal.Signals(value))
@@ -144,6 +162,8 @@ KEYS: dict[str, _Key] = {
     # the crash-loop guard (nvidia-resiliency-ext's progress tracker)
     "max_no_progress_cycles": _Key(_integer, "an integer (0 or less: never abort for lack of progress)"),
     "min_progress_iterations": _Key(_positive_count, "an integer >= 1"),
+    # the daemon's log level; SIGHUP re-reads it from the file (--log-level outranks it)
+    "log_level": _Key(_log_level, "debug, info, warning, error or critical (or 10-50)"),
 }
 
 # nvidia-resiliency-ext settings (config fields and ft_launcher --ft-* options)
@@ -160,7 +180,7 @@ IGNORED = frozenset(
         "gpu_memory_poll_interval", "check_remaining_processes",
         "checkpoint_iteration_file", "install_exception_hook",
         "attribution_endpoint", "attribution_stop_action", "attribution_export_url",
-        "cycle_info_dir", "log_level", "rdzv_impl", "restart_policy", "node_health_check_endpoint",
+        "cycle_info_dir", "rdzv_impl", "restart_policy", "node_health_check_endpoint",
         "no_restart_exit_code", "per_cycle_applog_prefix", "nvrx_logfile", "enable_log_server",
         "log_server_port", "log_aggregator_count", "attribution_llm_key_file",
         "attribution_llm_base_url", "attribution_llm_model", "attribution_backend",
@@ -182,6 +202,7 @@ class FtConfig:
     stack_dump_timeout: float = 2.0
     max_no_progress_cycles: int = 3
     min_progress_iterations: int = 1
+    log_level: str | None = None  # None: --log-level's (info by default)
     ignored: tuple[str, ...] = ()  # settings given that have no effect here
 
     def timeouts(self) -> Timeouts:
@@ -311,6 +332,7 @@ def add_options(group: Any) -> None:
         "rank_termination_signal": "signal for a hung rank (default SIGKILL)",
         "learn_timeouts": "learn timeouts from what the ranks do (default true)",
         "stack_dump_timeout": "seconds to wait for a hung rank's stack dump (default 2)",
+        "log_level": "the daemon's log level when --log-level is not given (a SIGHUP re-reads the file's)",
     }
     for key in (*KEYS, *sorted(IGNORED)):
         dashed = key.replace("_", "-")

@@ -2,7 +2,9 @@
 
 Stop signals (``--signals-to-handle``, torchrun's SIGTERM,SIGINT,SIGHUP,SIGQUIT by
 default) stop the run gracefully; a second SIGINT forces it. SIGUSR1 asks for a
-status dump, unless the user made it a stop signal.
+status dump, unless the user made it a stop signal. With a config file, SIGHUP
+reloads it instead of stopping; SIGUSR2 and SIGWINCH are passed on to the ranks
+(``supervisor.hostingconfig`` says which signals do what).
 """
 
 from __future__ import annotations
@@ -23,15 +25,36 @@ class DumpStatus:
     pass
 
 
-Command = Stop | DumpStatus
+@dataclass(frozen=True, slots=True)
+class Reload:
+    pass
 
 
-def install(queue: asyncio.Queue[Command], stop_signals: Iterable[int]) -> list[int]:
+@dataclass(frozen=True, slots=True)
+class Forward:
+    signum: int
+
+
+Command = Stop | DumpStatus | Reload | Forward
+
+
+def install(
+    queue: asyncio.Queue[Command],
+    stop_signals: Iterable[int],
+    reload_signals: Iterable[int] = (),
+    forward_signals: Iterable[int] = (),
+) -> list[int]:
     """Route signals into ``queue``; return the signals now handled."""
     loop = asyncio.get_running_loop()
     handled = []
     for signum in stop_signals:
         loop.add_signal_handler(signum, queue.put_nowait, Stop(signum))
+        handled.append(signum)
+    for signum in reload_signals:
+        loop.add_signal_handler(signum, queue.put_nowait, Reload())
+        handled.append(signum)
+    for signum in forward_signals:
+        loop.add_signal_handler(signum, queue.put_nowait, Forward(signum))
         handled.append(signum)
     if signal.SIGUSR1 not in handled:
         loop.add_signal_handler(signal.SIGUSR1, queue.put_nowait, DumpStatus())
