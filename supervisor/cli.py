@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from supervisor import ftconfig, policyconfig
+from supervisor import checkpointconfig, ftconfig, hostingconfig, metricsconfig, policyconfig
 from supervisor.config import (
     DEFAULT_SIGNALS,
     ConfigError,
@@ -115,7 +115,13 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
         help="port of rank 0's store; default: a fresh free port every generation",
     )
     _opt(g, "--local-addr", default=None, help="address of this node")
-    _opt(g, "--signals-to-handle", default=DEFAULT_SIGNALS, help="signals that stop the run")
+    _opt(
+        g,
+        "--signals-to-handle",
+        default=DEFAULT_SIGNALS,
+        action=hostingconfig.StoreGiven,
+        help="signals that stop the run (SIGHUP reloads instead when there is a config file)",
+    )
     _opt(
         g,
         "--shutdown-timeout",
@@ -194,7 +200,8 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="let ranks run CPython's full garbage collection at exit (0.4-0.7 s with torch)",
     )
-    _opt(f, "--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _opt(f, "--log-level", default="info", choices=["debug", "info", "warning", "error"],
+         action=hostingconfig.StoreGiven)  # fmt: skip
     _opt(
         f,
         "--state-dir",
@@ -205,6 +212,9 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
     _opt(f, "--term-timeout", type=float, default=None, help=argparse.SUPPRESS)  # ft_launcher's name
     ftconfig.add_options(p.add_argument_group("hang detection (nvidia-resiliency-ext --ft-* names)"))
     policyconfig.add_options(p.add_argument_group("failure policy: exit codes, rules, plugins"))
+    metricsconfig.add_options(p.add_argument_group("metrics: an optional Prometheus endpoint"))
+    hostingconfig.add_options(p.add_argument_group("service: systemd, container entrypoint"))
+    checkpointconfig.add_options(p.add_argument_group("checkpoint sync: LOCAL to DEST, copy-back at start"))
     p.add_argument("training_script", help="the training program (or module with -m)")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
     p.set_defaults(handler=_run, command_parser=p)
@@ -225,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     from supervisor import postmortem  # noqa: PLC0415
 
     postmortem.add_commands(sub)
+    from supervisor import runreport  # noqa: PLC0415
+
+    runreport.add_commands(sub)
     return parser
 
 
@@ -348,6 +361,20 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         policy = policyconfig.from_namespace(ns, environ, ft)
     except policyconfig.PolicyConfigError as exc:
         raise ConfigError(str(exc)) from None
+    try:
+        metrics = metricsconfig.from_namespace(ns, environ)
+    except metricsconfig.MetricsConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        stops = parse_signals(ns.signals_to_handle)
+        stops = hostingconfig.stop_signals(stops, ns, environ, DEFAULT_SIGNALS)
+        hosting = hostingconfig.from_namespace(ns, environ, stops)
+    except hostingconfig.HostingConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        checkpoint = checkpointconfig.from_namespace(ns, environ)
+    except checkpointconfig.CheckpointConfigError as exc:
+        raise ConfigError(str(exc)) from None
     log_dir = Path(ns.log_dir or "ft-supervisor-logs").absolute()
     run_id = _run_id(ns, rdzv)
     shutdown = ns.workers_stop_timeout if ns.workers_stop_timeout is not None else ns.shutdown_timeout
@@ -371,13 +398,16 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         save_timeout=_positive("--save-timeout", ns.save_timeout),
         finished_flag=_finished_flag(ns),
         autoresume=ns.autoresume,
-        stop_signals=parse_signals(ns.signals_to_handle),
+        stop_signals=stops,
         standby=not ns.no_standby and ns.max_restarts > 0,
         virtual_local_rank=ns.virtual_local_rank,
-        log_level=ns.log_level,
+        log_level=hosting.log_level(ns.log_level, ft),
         ft=ft,
         policy=policy,
         rdzv=rdzv,
+        metrics=metrics,
+        hosting=hosting,
+        checkpoint=checkpoint,
     )
 
 

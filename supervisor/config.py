@@ -15,10 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from supervisor.checkpointconfig import CheckpointConfig
 from supervisor.coord.config import RdzvConfig
 from supervisor.core.topology import Topology
 from supervisor.ftconfig import FtConfig
+from supervisor.hostingconfig import HostingConfig
 from supervisor.log import STDERR, STDOUT
+from supervisor.metricsconfig import MetricsConfig
 from supervisor.policyconfig import PolicyConfig
 from supervisor.process.spawn import Program
 
@@ -165,6 +168,9 @@ class RunConfig:
     ft: FtConfig = field(default_factory=FtConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     rdzv: RdzvConfig | None = None  # None: a single node, no rendezvous
+    hosting: HostingConfig = field(default_factory=HostingConfig)  # reload, forwarded signals
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)  # off unless --metrics-port
+    checkpoint: CheckpointConfig | None = None  # None: no checkpoint sync
 
     def console_streams(self, local_rank: int) -> tuple[int, ...]:
         """Streams of a local rank shown on the console (torchrun's rules)."""

@@ -25,6 +25,7 @@ import zmq
 import zmq.asyncio
 
 from supervisor import log
+from supervisor.checkpoints.sync import CheckpointSync
 from supervisor.config import RunConfig
 from supervisor.coord.job import JobOver, LocalJob, RendezvousJob, Round
 from supervisor.core.evidence import WorkloadAsk
@@ -48,8 +49,10 @@ from supervisor.runtime.clock import Clock
 from supervisor.runtime.control import ControlServer
 from supervisor.runtime.events import EventLog
 from supervisor.runtime.generation import Generation
+from supervisor.runtime.hosting import Hosting
 from supervisor.runtime.judge import Judge
 from supervisor.runtime.launcher import Launcher
+from supervisor.runtime.metrics import close_metrics, refresh_metrics, start_metrics
 from supervisor.runtime.monitor import Monitor
 from supervisor.runtime.rundir import RunDir
 from supervisor.transport.endpoints import Endpoints, Sockets, bind
@@ -96,6 +99,9 @@ class Supervisor:
         self.events.publish = lambda topic, line: _publish(sockets, topic, line)
         self.monitor = self._make_monitor(sockets)
         self.judge = Judge(self.cfg, self.events, self.clock)
+        self.hosting = Hosting(self.cfg, self.events, self.monitor, self.logger, self._signaller)
+        self.metrics = start_metrics(self.cfg.metrics, self.events, run_id=self.cfg.run_id,
+                                     node=self.judge.node, wall=self.clock.wall)  # fmt: skip
         self.job: LocalJob | RendezvousJob = (
             LocalJob(self.cfg.master_addr, self.cfg.master_port)
             if self.cfg.rdzv is None
@@ -103,6 +109,7 @@ class Supervisor:
         )
         control = ControlServer(sockets.control, self._control, self.events)
         self._control_drops = control.drops
+        self.checkpoints = CheckpointSync(self.cfg.checkpoint, self.events)  # a no-op without the options
         self.ident = RunIdentity(
             run_id=self.cfg.run_id,
             max_restarts=self.cfg.max_restarts,
@@ -125,7 +132,9 @@ class Supervisor:
             force=self._force,
         )
         guard = await OrphanGuard.start(token_entry(self.token))
-        handled = signals.install(self._commands, self.cfg.stop_signals)
+        hosting = self.cfg.hosting
+        handled = signals.install(self._commands, self.cfg.stop_signals, hosting.reload_signals,
+                                  hosting.forward_signals)  # fmt: skip
         self.endpoints.publish_info(
             pid=os.getpid(), run_id=self.cfg.run_id, run_dir=str(self.rundir.root), started=time.time()
         )
@@ -140,6 +149,9 @@ class Supervisor:
                     tg.create_task(self._tail()),
                     tg.create_task(self.monitor.run()),
                     tg.create_task(control.run()),
+                    tg.create_task(self.checkpoints.run()),  # the copy-back, then a sync every period
+                    tg.create_task(self.hosting.run(guard.pid)),
+                    tg.create_task(refresh_metrics(self.metrics, self._status)),
                 ]
                 try:
                     code = await self._supervise()
@@ -148,9 +160,13 @@ class Supervisor:
                     for task in [*background, *self._tasks]:
                         task.cancel()
         finally:
+            # the last checkpoint sync, whatever the outcome; _supervise ended the ranks
+            # (unless the daemon itself failed: then only settled checkpoints are sent)
+            await self.checkpoints.final(ranks_gone=code != EXIT_FAILED)
             signals.uninstall(handled)
             await guard.close()
             self._finish(code)
+            close_metrics(self.metrics)
             sockets.close()
             context.term()
             self.endpoints.remove()
@@ -212,6 +228,9 @@ class Supervisor:
             self._round = rnd
             topology = replace(self.cfg.topology, nnodes=rnd.nnodes, node_rank=rnd.node_rank)
             gen = await launcher.fit(gen, topology)
+            if await self._unless_stopped(self.checkpoints.restored.wait()) is None:  # before any script runs
+                await launcher.drop(gen)
+                return self._stopped_code()
             if job.multi:
                 self._sync_budget(rnd)
             after = await self._run_generation(gen, rnd)
@@ -449,6 +468,8 @@ class Supervisor:
             command = await self._commands.get()
             if isinstance(command, signals.Stop):
                 self._on_stop(command.signum)
+            elif isinstance(command, signals.Reload | signals.Forward):
+                self.hosting.handle(command, self._current)
             else:
                 self.events.emit("status", **self._status())
 
