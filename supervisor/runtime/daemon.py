@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import resource
 import secrets
 import signal
 import time
@@ -30,7 +29,6 @@ from supervisor.config import RunConfig
 from supervisor.coord.job import JobOver, LocalJob, RendezvousJob, Round
 from supervisor.core.evidence import WorkloadAsk
 from supervisor.core.jobwide import NodeOutcome, PeerNews, joint, spends_budget
-from supervisor.core.learning import learn, observe
 from supervisor.core.states import GroupVerdict
 from supervisor.core.topology import (
     RunIdentity,
@@ -39,14 +37,15 @@ from supervisor.core.topology import (
 from supervisor.core.types import Action, Decision, Reason, signal_name
 from supervisor.core.watch import Hang
 from supervisor.process.evidence import error_file_time
-from supervisor.process.orphans import OrphanGuard, sweep_generation
+from supervisor.process.orphans import OrphanGuard
 from supervisor.process.spawn import RankProcess
 from supervisor.process.tail import LogFollower
-from supervisor.process.terminate import Signaller, TerminationReport, terminate
-from supervisor.runtime import aftermath, autoresume, gasp, outcome, rounds, signals, statefile, status
+from supervisor.process.terminate import Signaller, TerminationReport
+from supervisor.runtime import aftermath, autoresume, closing, rounds, signals, statefile, status
 from supervisor.runtime.aio import first
 from supervisor.runtime.clock import Clock
 from supervisor.runtime.control import ControlServer
+from supervisor.runtime.ending import Ender
 from supervisor.runtime.events import EventLog
 from supervisor.runtime.generation import Generation
 from supervisor.runtime.hosting import Hosting
@@ -131,6 +130,9 @@ class Supervisor:
             signaller=self._signaller,
             force=self._force,
         )
+        self._ender = Ender(self.cfg, monitor=self.monitor, events=self.events, clock=self.clock,
+                            follower=self._follower, signaller=self._signaller, force=self._force,
+                            token=self.token, state_path=self._state_path)  # fmt: skip
         guard = await OrphanGuard.start(token_entry(self.token))
         hosting = self.cfg.hosting
         handled = signals.install(self._commands, self.cfg.stop_signals, hosting.reload_signals,
@@ -263,10 +265,7 @@ class Supervisor:
             over = await self._announce_end(rnd, gen)
         if gen.hangs and not stopping:
             await aftermath.collect_stacks(gen, self.monitor, self.cfg.ft.stack_dump_timeout, self.events)
-        await gasp.ask_to_save(gen, self.monitor, deadline=self.cfg.save_timeout,
-                               why=self._why_ending(gen, news), events=self.events, clock=self.clock,
-                               force=self._force)  # fmt: skip
-        report = await self._end(gen)
+        report = await self._ender.end(gen, stop_signal=self._stop_signal, why=self._why_ending(gen, news))
         if stopping or over is not None:
             await launcher.discard(upcoming)
             return await self._job_over(rnd, over) if over is not None else self._stopped_code()
@@ -404,63 +403,6 @@ class Supervisor:
         )
         gen.hung(slot.local_rank, hang, self.clock.wall() - hang.late_by)
 
-    async def _end(self, gen: Generation) -> TerminationReport:
-        stop_signal: int = signal.SIGTERM
-        if self._stop_signal is not None:
-            stop_signal = signals.forwarded(self._stop_signal)
-        entry = token_entry(self.token, gen.number)
-        gen.stop_wall = self.clock.wall()
-        report = await terminate(
-            list(gen.ranks.values()),
-            grace=self.cfg.shutdown_timeout,
-            kill_timeout=self.cfg.kill_timeout,
-            force=self._force,
-            stop_signal=stop_signal,
-            signal_for={
-                **dict.fromkeys(gen.hangs, self.cfg.ft.rank_termination_signal),
-                **dict.fromkeys(gen.stuck, signal.SIGKILL),  # it failed already; only exiting is left
-            },
-            sweep=lambda: sweep_generation(entry),
-            signals=self._signaller,
-        )
-        gen.notable = self._follower.finish()
-        self._learn(gen)
-        if report.unkillable:
-            self.events.emit(
-                "rank_unkillable",
-                logging.ERROR,
-                generation=gen.number,
-                local_ranks=list(report.unkillable),
-                pids=[gen.ranks[lr].pid for lr in report.unkillable],
-                kill_timeout=self.cfg.kill_timeout,
-            )
-        self.events.emit(
-            "generation_ended",
-            generation=gen.number,
-            verdict=str(gen.verdict),
-            signalled=len(report.signalled),
-            killed=len(report.killed),
-            swept=report.swept or None,
-            seconds=round(report.seconds, 3),
-            iteration=max(self.monitor.iterations(), default=None),
-        )
-        return report
-
-    def _learn(self, gen: Generation) -> None:
-        watches = self.monitor.end_generation()
-        if not self.cfg.ft.learn_timeouts or not watches:
-            return
-        old = self.monitor.learned
-        new = learn(old, observe(watches), self.monitor.configured, self.cfg.ft.safety_factor)
-        if new == old:
-            return
-        self.monitor.set_learned(new)
-        try:
-            statefile.save(self._state_path, new, run_id=self.cfg.run_id, generation=gen.number)
-        except OSError as exc:
-            self.events.emit("state_unwritable", logging.WARNING, path=str(self._state_path), error=str(exc))
-        self.events.emit("timeouts_learned", generation=gen.number, learned=new.to_json())
-
     # -- commands: signals and the control endpoint ------------------------------------
 
     async def _dispatch(self) -> None:
@@ -530,42 +472,18 @@ class Supervisor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _write_reason(self, code: int) -> None:
-        judge: Judge | None = getattr(self, "judge", None)
-        if judge is None:
-            return  # failed before it could judge anything: the run_finished event says why
-        path = self.cfg.policy.reason_file or self.rundir.root / outcome.REASON_FILE
-        generation = None if self._current is None else self._current.number
-        content = judge.reason(code, stopped=self._stop_signal is not None, generation=generation)
-        try:
-            outcome.write_reason(path, content)
-        except OSError as exc:
-            self.events.emit("reason_unwritable", logging.WARNING, path=str(path), error=str(exc))
-            return
-        self.events.emit("reason_written", path=str(path), outcome=content["outcome"], rule=content["rule"])
-
     def _finish(self, code: int) -> None:
-        self._write_reason(code)
-        if code == EXIT_SUCCESS and self._completed and self.cfg.autoresume and self.cfg.finished_flag:
-            try:
-                autoresume.mark_finished(self.cfg.finished_flag, self.cfg.run_id)
-                self.events.emit("finished_flag_written", path=str(self.cfg.finished_flag))
-            except OSError as exc:
-                path = str(self.cfg.finished_flag)
-                self.events.emit("finished_flag_unwritable", logging.ERROR, path=path, error=str(exc))
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        self.events.emit(
-            "run_finished",
-            logging.INFO if code == EXIT_SUCCESS else logging.WARNING,
-            exit_code=code,
-            restarts_used=0 if getattr(self, "judge", None) is None else self.judge.budget.used,
-            seconds=round(self.clock.monotonic() - self._started_at, 3),
-            daemon_max_rss_kb=usage.ru_maxrss,
-            daemon_cpu_s=round(usage.ru_utime + usage.ru_stime, 3),
-            run_dir=str(self.rundir.root),
+        closing.close_run(
+            code,
+            cfg=self.cfg,
+            events=self.events,
+            rundir=self.rundir,
+            judge=getattr(self, "judge", None),
+            stopped=self._stop_signal is not None,
+            generation=None if self._current is None else self._current.number,
+            completed=self._completed,
+            seconds=self.clock.monotonic() - self._started_at,
         )
-        self.events.publish = None
-        self.events.close()
 
 
 def _publish(sockets: Sockets, topic: bytes, line: bytes) -> None:

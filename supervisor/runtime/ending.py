@@ -1,0 +1,105 @@
+"""Ending a generation: the dying-gasp save, the one termination procedure, and
+what the generation taught (learned timeouts)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+from supervisor.config import RunConfig
+from supervisor.core.learning import learn, observe
+from supervisor.core.topology import token_entry
+from supervisor.process.orphans import sweep_generation
+from supervisor.process.tail import LogFollower
+from supervisor.process.terminate import Signaller, TerminationReport, terminate
+from supervisor.runtime import gasp, signals, statefile
+from supervisor.runtime.clock import Clock
+from supervisor.runtime.events import EventLog
+from supervisor.runtime.generation import Generation
+from supervisor.runtime.monitor import Monitor
+
+
+class Ender:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        *,
+        monitor: Monitor,
+        events: EventLog,
+        clock: Clock,
+        follower: LogFollower,
+        signaller: Signaller,
+        force: asyncio.Event,
+        token: str,
+        state_path: Path,
+    ) -> None:
+        self._cfg = cfg
+        self._monitor = monitor
+        self._events = events
+        self._clock = clock
+        self._follower = follower
+        self._signaller = signaller
+        self._force = force
+        self._token = token
+        self._state_path = state_path
+
+    async def end(self, gen: Generation, *, stop_signal: int | None, why: str) -> TerminationReport:
+        """Ask the ranks that can save to do so, then stop every rank of ``gen``."""
+        cfg = self._cfg
+        await gasp.ask_to_save(gen, self._monitor, deadline=cfg.save_timeout, why=why, events=self._events,
+                               clock=self._clock, force=self._force)  # fmt: skip
+        entry = token_entry(self._token, gen.number)
+        gen.stop_wall = self._clock.wall()
+        report = await terminate(
+            list(gen.ranks.values()),
+            grace=cfg.shutdown_timeout,
+            kill_timeout=cfg.kill_timeout,
+            force=self._force,
+            stop_signal=signal.SIGTERM if stop_signal is None else signals.forwarded(stop_signal),
+            signal_for={
+                **dict.fromkeys(gen.hangs, cfg.ft.rank_termination_signal),
+                **dict.fromkeys(gen.stuck, signal.SIGKILL),  # it failed already; only exiting is left
+            },
+            sweep=lambda: sweep_generation(entry),
+            signals=self._signaller,
+        )
+        gen.notable = self._follower.finish()
+        self._learn(gen)
+        if report.unkillable:
+            self._events.emit(
+                "rank_unkillable",
+                logging.ERROR,
+                generation=gen.number,
+                local_ranks=list(report.unkillable),
+                pids=[gen.ranks[lr].pid for lr in report.unkillable],
+                kill_timeout=cfg.kill_timeout,
+            )
+        self._events.emit(
+            "generation_ended",
+            generation=gen.number,
+            verdict=str(gen.verdict),
+            signalled=len(report.signalled),
+            killed=len(report.killed),
+            swept=report.swept or None,
+            seconds=round(report.seconds, 3),
+            iteration=max(self._monitor.iterations(), default=None),
+        )
+        return report
+
+    def _learn(self, gen: Generation) -> None:
+        monitor, cfg = self._monitor, self._cfg
+        watches = monitor.end_generation()
+        if not cfg.ft.learn_timeouts or not watches:
+            return
+        old = monitor.learned
+        new = learn(old, observe(watches), monitor.configured, cfg.ft.safety_factor)
+        if new == old:
+            return
+        monitor.set_learned(new)
+        try:
+            statefile.save(self._state_path, new, run_id=cfg.run_id, generation=gen.number)
+        except OSError as exc:
+            self._events.emit("state_unwritable", logging.WARNING, path=str(self._state_path), error=str(exc))
+        self._events.emit("timeouts_learned", generation=gen.number, learned=new.to_json())
