@@ -38,4 +38,7 @@ print(f"\nfrom rank {failed['rank']}'s crash to generation 1's go: "
       f"{(started[1]['t_mono'] - failed['t_mono']) * 1000:.0f} ms (ranks already had torch imported)")
 print(f"run directory: {events[0]['run_dir']}")
 PY
+echo
+# where the run's time went, and a timeline page (open it in a browser)
+.venv/bin/ft-supervisor report "$out/logs/demo"
 exit $code

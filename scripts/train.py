@@ -12,6 +12,9 @@ Faults can be injected, once, for demos and tests:
     --crash-mode raise|exit|abort|segv how it dies
 Progress is printed every --print-every steps; --events FILE appends one JSON
 line per milestone (first step of a generation, crash, done) for benchmarks.
+Under ft-supervisor it also reports iterations and checkpoints through the client
+(fire and forget, about a microsecond), which the run report turns into time lost
+per incident; under torchrun those calls are skipped.
 """
 
 from __future__ import annotations
@@ -28,6 +31,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
+
+try:
+    from supervisor import client
+except ImportError:  # the script also runs where ft-supervisor is not installed
+    client = None  # type: ignore[assignment]
+
+SUPERVISED = client is not None and client.is_active()
 
 
 def _generations(spec: str) -> range:
@@ -72,6 +82,8 @@ class Trainer:
         self.optimizer.load_state_dict(snapshot["OPTIMIZER_STATE"])
         self.steps_run = snapshot["STEPS_RUN"]
         print(f"resuming from snapshot at step {self.steps_run}", flush=True)
+        if SUPERVISED:
+            client.report_checkpoint("loaded")
 
     def _save_snapshot(self) -> None:
         path = self.args.snapshot
@@ -126,6 +138,8 @@ class Trainer:
             self.optimizer.step()
             time.sleep(self.args.step_time)
             self.steps_run = step + 1
+            if SUPERVISED:
+                client.report_iteration(self.steps_run)
             if first:
                 self._milestone("first_step", step=step)
                 first = False
@@ -135,6 +149,8 @@ class Trainer:
                 and self.steps_run % self.args.save_every == 0
             ):
                 self._save_snapshot()
+                if SUPERVISED:
+                    client.report_checkpoint("saved")
             if self.rank == 0 and self.steps_run % self.args.print_every == 0:
                 print(
                     f"generation {self.generation} step {self.steps_run}/{self.args.steps} "
