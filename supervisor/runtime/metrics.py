@@ -30,7 +30,6 @@ import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from supervisor.core.goodput import Ledger
 from supervisor.core.recovery import Recovery
@@ -38,6 +37,8 @@ from supervisor.metricsconfig import MetricsConfig
 from supervisor.runtime.events import EventLog
 
 if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
     from prometheus_client.metrics_core import Metric
 
 PREFIX = "ft_supervisor_"
@@ -48,11 +49,6 @@ POLL = 0.1
 DETECTION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 RECOVERY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 BASE = ("run_id", "node")
-
-
-class _Quiet(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # a scrape is not news; stderr is the console
 
 
 class _Snapshot:
@@ -106,8 +102,15 @@ class Metrics:
 
     def serve(self, addr: str, port: int) -> tuple[str, int]:
         """Listen and serve in a thread; the address and port bound. OSError if it cannot."""
+        # http.server and wsgiref cost the daemon 2 MiB: imported only when serving
+        from wsgiref.simple_server import WSGIRequestHandler, make_server  # noqa: PLC0415
+
         from prometheus_client import make_wsgi_app  # noqa: PLC0415
         from prometheus_client.exposition import ThreadingWSGIServer  # noqa: PLC0415
+
+        class _Quiet(WSGIRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # a scrape is not news; stderr is the console
 
         family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
         server_class = type("_Server", (ThreadingWSGIServer,), {"address_family": family})
