@@ -19,6 +19,7 @@ from typing import Any
 
 from supervisor.checkpoints.store import check_url, split_url
 from supervisor.core.snapshots import SETTLE_S, parse_duration
+from supervisor.options import pick
 
 DEFAULT_FREQUENCY = 300.0
 DEFAULT_FINAL_TIMEOUT = 300.0
@@ -36,10 +37,6 @@ class CheckpointConfig:
     keep: int | None = None  # None: keep every entry at DEST
     final_timeout: float = DEFAULT_FINAL_TIMEOUT  # bound on the sync when the run ends
     settle: float = SETTLE_S  # an entry written to this recently is not uploaded yet
-
-
-def _env(option: str) -> str:
-    return "FT_SUPERVISOR_" + option.lstrip("-").replace("-", "_").upper()
 
 
 def add_options(g: argparse._ArgumentGroup) -> None:
@@ -80,13 +77,6 @@ def add_options(g: argparse._ArgumentGroup) -> None:
     )
 
 
-def _pick(ns: argparse.Namespace, environ: Mapping[str, str], option: str) -> Any:
-    value = getattr(ns, option.lstrip("-").replace("-", "_"), None)
-    if value is not None:
-        return value
-    return environ.get(_env(option))
-
-
 def _duration(option: str, value: Any, default: float) -> float:
     if value is None:
         return default
@@ -103,10 +93,10 @@ def _overlap(a: Path, b: Path) -> bool:
 
 def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> CheckpointConfig | None:
     """The checkpoint sync settings; None when no checkpoint option is given."""
-    path = _pick(ns, environ, "--checkpoint-path")
-    url = _pick(ns, environ, "--checkpoint-url")
+    path = pick(ns, environ, "--checkpoint-path")
+    url = pick(ns, environ, "--checkpoint-url")
     others = [o for o in ("--checkpoint-frequency", "--checkpoint-keep", "--checkpoint-final-timeout",
-                          "--checkpoint-settle") if _pick(ns, environ, o) is not None]  # fmt: skip
+                          "--checkpoint-settle") if pick(ns, environ, o) is not None]  # fmt: skip
     if not path and not url:
         if others:
             raise CheckpointConfigError(f"{others[0]} needs --checkpoint-path and --checkpoint-url")
@@ -129,7 +119,7 @@ def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> Checkp
             f"--checkpoint-url {url} and --checkpoint-path {path} overlap: DEST must be "
             "another directory, neither inside LOCAL nor containing it"
         )
-    keep = _pick(ns, environ, "--checkpoint-keep")
+    keep = pick(ns, environ, "--checkpoint-keep")
     if keep is not None:
         try:
             keep = int(keep)
@@ -137,7 +127,7 @@ def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> Checkp
             raise CheckpointConfigError(f"--checkpoint-keep {keep!r}: expected a whole number") from None
         if keep < 1:
             raise CheckpointConfigError(f"--checkpoint-keep {keep}: must be at least 1")
-    settle = _pick(ns, environ, "--checkpoint-settle")
+    settle = pick(ns, environ, "--checkpoint-settle")
     try:
         settle = SETTLE_S if settle is None else float(settle)
     except ValueError:
@@ -148,12 +138,12 @@ def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> Checkp
         path=local,
         url=str(Path(location).absolute()) if scheme is None else url,
         frequency=_duration(
-            "--checkpoint-frequency", _pick(ns, environ, "--checkpoint-frequency"), DEFAULT_FREQUENCY
+            "--checkpoint-frequency", pick(ns, environ, "--checkpoint-frequency"), DEFAULT_FREQUENCY
         ),
         keep=keep,
         final_timeout=_duration(
             "--checkpoint-final-timeout",
-            _pick(ns, environ, "--checkpoint-final-timeout"),
+            pick(ns, environ, "--checkpoint-final-timeout"),
             DEFAULT_FINAL_TIMEOUT,
         ),
         settle=settle,

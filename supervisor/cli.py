@@ -343,6 +343,16 @@ def _positive(option: str, value: float, *, zero_ok: bool = True) -> float:
     return value
 
 
+# each options module names the option in its errors; all of them are usage errors
+_OPTION_ERRORS = (
+    ftconfig.FtConfigError,
+    policyconfig.PolicyConfigError,
+    metricsconfig.MetricsConfigError,
+    hostingconfig.HostingConfigError,
+    checkpointconfig.CheckpointConfigError,
+)
+
+
 def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunConfig:
     rdzv = _rendezvous(ns)
     _check_unsupported(ns)
@@ -355,25 +365,12 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         raise ConfigError("--standalone picks its own free port; it contradicts --master-port")
     try:
         ft = ftconfig.from_namespace(ns, environ)
-    except ftconfig.FtConfigError as exc:
-        raise ConfigError(str(exc)) from None
-    try:
         policy = policyconfig.from_namespace(ns, environ, ft)
-    except policyconfig.PolicyConfigError as exc:
-        raise ConfigError(str(exc)) from None
-    try:
         metrics = metricsconfig.from_namespace(ns, environ)
-    except metricsconfig.MetricsConfigError as exc:
-        raise ConfigError(str(exc)) from None
-    try:
-        stops = parse_signals(ns.signals_to_handle)
-        stops = hostingconfig.stop_signals(stops, ns, environ, DEFAULT_SIGNALS)
+        stops = hostingconfig.stop_signals(parse_signals(ns.signals_to_handle), ns, environ, DEFAULT_SIGNALS)
         hosting = hostingconfig.from_namespace(ns, environ, stops)
-    except hostingconfig.HostingConfigError as exc:
-        raise ConfigError(str(exc)) from None
-    try:
         checkpoint = checkpointconfig.from_namespace(ns, environ)
-    except checkpointconfig.CheckpointConfigError as exc:
+    except _OPTION_ERRORS as exc:
         raise ConfigError(str(exc)) from None
     log_dir = Path(ns.log_dir or "ft-supervisor-logs").absolute()
     run_id = _run_id(ns, rdzv)

@@ -16,6 +16,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from supervisor.options import pick
+
 LOOPBACK = "127.0.0.1"
 EXTRA_HINT = "pip install 'ft-supervisor[metrics]'"
 
@@ -34,10 +36,6 @@ class MetricsConfig:
         return self.port is not None
 
 
-def _env(option: str) -> str:
-    return "FT_SUPERVISOR_" + option.lstrip("-").replace("-", "_").upper()
-
-
 def add_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--metrics-port",
@@ -53,13 +51,6 @@ def add_options(g: argparse._ArgumentGroup) -> None:
         help=f"the address the metrics endpoint listens on (default {LOOPBACK}; any other "
         "address publishes the figures beyond this machine)",
     )
-
-
-def _pick(ns: argparse.Namespace, environ: Mapping[str, str], option: str) -> str | None:
-    value = getattr(ns, option.lstrip("-").replace("-", "_"), None)
-    if value is not None:
-        return str(value)
-    return environ.get(_env(option))
 
 
 def _port(text: str) -> int:
@@ -99,8 +90,8 @@ def _require_client() -> None:
 
 
 def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> MetricsConfig:
-    port = _pick(ns, environ, "--metrics-port")
-    addr = _pick(ns, environ, "--metrics-addr")
+    port = _text(ns, environ, "--metrics-port")
+    addr = _text(ns, environ, "--metrics-addr")
     if port is None or not port.strip():
         if addr is not None:
             raise MetricsConfigError(f"--metrics-addr {addr!r} without --metrics-port: metrics are off")
@@ -108,3 +99,8 @@ def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> Metric
     cfg = MetricsConfig(port=_port(port), addr=LOOPBACK if addr is None else _addr(addr))
     _require_client()
     return cfg
+
+
+def _text(ns: argparse.Namespace, environ: Mapping[str, str], option: str) -> str | None:
+    value = pick(ns, environ, option)
+    return None if value is None else str(value)

@@ -19,6 +19,7 @@ from supervisor.core.outcome import PRESETS, ExitCodes, OutcomeError, apply_pres
 from supervisor.core.policy import Policy
 from supervisor.core.rules import RuleError, compile_rules
 from supervisor.ftconfig import FtConfig
+from supervisor.options import env_name, pick
 
 
 class PolicyConfigError(ValueError):
@@ -36,10 +37,6 @@ class PolicyConfig:
     disabled_plugins: tuple[str, ...] = ()
     error_log_prefix: str | None = None
     reason_file: Path | None = None  # None: reason.json in the run directory
-
-
-def _env(name: str) -> str:
-    return "FT_SUPERVISOR_" + name.lstrip("-").replace("-", "_").upper()
 
 
 def add_options(g: argparse._ArgumentGroup) -> None:
@@ -77,13 +74,6 @@ def add_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--reason-file", default=None, help="where the JSON reason file goes (default: the run dir)"
     )
-
-
-def _pick(ns: argparse.Namespace, environ: Mapping[str, str], option: str) -> Any:
-    value = getattr(ns, option.lstrip("-").replace("-", "_"), None)
-    if value is not None:
-        return value
-    return environ.get(_env(option))
 
 
 def _number(option: str, value: Any, kind: type[int] | type[float]) -> Any:
@@ -140,26 +130,26 @@ def user_rules(files: Sequence[str]) -> tuple[Mapping[str, Any], ...]:
 
 def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str], ft: FtConfig) -> PolicyConfig:
     codes = ExitCodes()
-    abort = _number("--abort-exit-code", _pick(ns, environ, "--abort-exit-code"), int)
-    reschedule = _number("--reschedule-exit-code", _pick(ns, environ, "--reschedule-exit-code"), int)
+    abort = _number("--abort-exit-code", pick(ns, environ, "--abort-exit-code"), int)
+    reschedule = _number("--reschedule-exit-code", pick(ns, environ, "--reschedule-exit-code"), int)
     try:
         codes = replace(
             codes, **{k: v for k, v in (("abort", abort), ("reschedule", reschedule)) if v is not None}
         )
     except OutcomeError as exc:
         raise PolicyConfigError(str(exc)) from None
-    window = _number("--restart-window", _pick(ns, environ, "--restart-window"), float)
+    window = _number("--restart-window", pick(ns, environ, "--restart-window"), float)
     if window is not None and window <= 0:
         raise PolicyConfigError(f"--restart-window {window}: must be > 0 seconds")
-    presets = tuple(p.strip() for p in (_pick(ns, environ, "--policy-preset") or "").split(",") if p.strip())
+    presets = tuple(p.strip() for p in (pick(ns, environ, "--policy-preset") or "").split(",") if p.strip())
     policy = Policy(max_no_progress=ft.max_no_progress_cycles, min_progress=ft.min_progress_iterations)
     try:
         policy = apply_presets(presets, policy)
     except OutcomeError as exc:
         raise PolicyConfigError(f"--policy-preset: {exc}") from None
-    files = tuple(ns.rules or ()) or tuple(filter(None, (environ.get(_env("--rules")) or "").split(":")))
-    disabled = _pick(ns, environ, "--disable-plugins") or ""
-    reason = _pick(ns, environ, "--reason-file")
+    files = tuple(ns.rules or ()) or tuple(filter(None, (environ.get(env_name("--rules")) or "").split(":")))
+    disabled = pick(ns, environ, "--disable-plugins") or ""
+    reason = pick(ns, environ, "--reason-file")
     return PolicyConfig(
         exit_codes=codes,
         restart_window=window,
@@ -168,6 +158,6 @@ def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str], ft: FtCon
         rules=user_rules(files),
         rule_files=files,
         disabled_plugins=tuple(p.strip() for p in disabled.split(",") if p.strip()),
-        error_log_prefix=_pick(ns, environ, "--error-log-prefix"),
+        error_log_prefix=pick(ns, environ, "--error-log-prefix"),
         reason_file=Path(reason).absolute() if reason else None,
     )

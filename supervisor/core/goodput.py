@@ -110,11 +110,9 @@ class Summary:
     finished: bool  # every daemon run that started has finished
     wall: float
     productive: float
-    goodput: float
     detection: float
     restart: float
     recomputation: float
-    overhead: float
     restarts: int  # generations after the first
     generations: int
     checkpoints: int  # checkpoints saved (reports, every rank)
@@ -126,9 +124,18 @@ class Summary:
     def lost(self) -> float:
         return self.detection + self.restart + self.recomputation
 
+    @property
+    def goodput(self) -> float:
+        return min(1.0, self.productive / self.wall) if self.wall > 0 else 0.0
+
+    @property
+    def overhead(self) -> float:
+        """Neither productive nor lost to an incident: start-up, shutdown."""
+        return max(0.0, self.wall - self.productive - self.lost)
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {name: getattr(self, name) for name in self.__slots__}
-        out["lost"] = self.lost
+        out.update(lost=self.lost, goodput=self.goodput, overhead=self.overhead)
         out["incidents"] = [i.to_json() for i in self.incidents]
         return out
 
@@ -358,7 +365,7 @@ class Ledger:
         if start is None or end is None:  # nothing started yet
             n = len(self._order)
             return Summary(
-                start, None, finished, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, max(0, n - 1), n, 0, None
+                start, None, finished, 0.0, 0.0, 0.0, 0.0, 0.0, max(0, n - 1), n, 0, None
             )
         gens = [self._gens[n] for n in self._order]
         productive = detection = restart = recomputation = 0.0
@@ -382,18 +389,15 @@ class Ledger:
             elif stepping is not None:
                 productive += max(0.0, gen_end - stepping)
         wall = end - start
-        lost = detection + restart + recomputation
         return Summary(
             started_at=start,
             ended_at=end,
             finished=finished,
             wall=wall,
             productive=productive,
-            goodput=min(1.0, productive / wall) if wall > 0 else 0.0,
             detection=detection,
             restart=restart,
             recomputation=recomputation,
-            overhead=max(0.0, wall - productive - lost),
             restarts=max(0, len(gens) - 1),
             generations=len(gens),
             checkpoints=len(self._saved_at),
