@@ -187,9 +187,9 @@ def test_watchdog_pings_every_half_period_until_cancelled(
     sock.setblocking(False)
     seen = asyncio.run(pings(6))
     gaps = [b - a for a, b in itertools.pairwise(seen)]
-    # never faster than the period asks; slower only by scheduling noise on a busy machine
-    assert min(gaps) >= 0.03, gaps
-    assert seen[-1] - seen[0] < 5 * 0.05 + 1.0, gaps
+    # five periods between the first and the last ping: never much faster than the period
+    # asks (a late first receipt on a busy machine may hide up to two), nor much slower
+    assert 3 * 0.05 <= seen[-1] - seen[0] < 5 * 0.05 + 1.0, gaps
     events.close()
 
 
