@@ -76,7 +76,10 @@ class CheckpointSync:
             self.restored.set()
         while True:
             await asyncio.sleep(cfg.frequency)
-            await self.sync(final=False)
+            # never cut short when the run ends (final() waits for it on the lock): a
+            # cancel between a prune's manifest and its removal would leave the pruned
+            # entry at DEST under its real name
+            await asyncio.shield(self.sync(final=False))
 
     async def final(self, *, ranks_gone: bool = True) -> None:
         """The last sync, bounded by ``--checkpoint-final-timeout``. Once the ranks are
