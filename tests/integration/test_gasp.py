@@ -35,6 +35,17 @@ def test_a_crash_asks_the_survivor_to_save_before_the_restart(start: Start, tmp_
     assert names.count("generation_started") == 2
 
 
+def test_a_hung_rank_is_not_asked_to_save(start: Start, tmp_path: Path) -> None:
+    d = start(*FAST, "--ft-initial-rank-heartbeat-timeout", "1", "--ft-rank-heartbeat-timeout", "1",
+              SAVER, "--dir", str(tmp_path), "--hang-rank", "1")  # fmt: skip
+    d.wait_event("rank_hung", where=lambda e: e["rank"] == 1)
+    d.wait()
+    (asked,) = d.events("save_requested")
+    assert asked["ranks"] == [0]  # its state is in doubt, and it could hold the restart
+    assert d.events("save_finished")[0]["saved"] == [0]
+    assert not (tmp_path / "saved.1.0.json").exists()
+
+
 def test_sigterm_waits_for_the_saves_then_stops(start: Start, tmp_path: Path) -> None:
     d = start(*FAST, SAVER, "--dir", str(tmp_path), "--save-seconds", "0.5")
     _registered(d, tmp_path)
