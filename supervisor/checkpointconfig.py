@@ -23,6 +23,7 @@ from supervisor.options import pick
 
 DEFAULT_FREQUENCY = 300.0
 DEFAULT_FINAL_TIMEOUT = 300.0
+DEFAULT_RESTORE_TIMEOUT = 600.0
 
 
 class CheckpointConfigError(ValueError):
@@ -36,6 +37,7 @@ class CheckpointConfig:
     frequency: float = DEFAULT_FREQUENCY  # seconds between syncs
     keep: int | None = None  # None: keep every entry at DEST
     final_timeout: float = DEFAULT_FINAL_TIMEOUT  # bound on the sync when the run ends
+    restore_timeout: float = DEFAULT_RESTORE_TIMEOUT  # bound on the copy-back before the ranks start
     settle: float = SETTLE_S  # an entry written to this recently is not uploaded yet
 
 
@@ -70,6 +72,12 @@ def add_options(g: argparse._ArgumentGroup) -> None:
         help="how long the last sync, when the run ends, may take (default 300s)",
     )
     g.add_argument(
+        "--checkpoint-restore-timeout",
+        default=None,
+        help="how long the copy-back before the ranks start may take; past it they start with "
+        "what LOCAL has (default 600s)",
+    )
+    g.add_argument(
         "--checkpoint-settle",
         default=None,
         help="seconds a checkpoint must go unwritten before it is copied, so that one being "
@@ -96,7 +104,8 @@ def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> Checkp
     path = pick(ns, environ, "--checkpoint-path")
     url = pick(ns, environ, "--checkpoint-url")
     others = [o for o in ("--checkpoint-frequency", "--checkpoint-keep", "--checkpoint-final-timeout",
-                          "--checkpoint-settle") if pick(ns, environ, o) is not None]  # fmt: skip
+                          "--checkpoint-restore-timeout", "--checkpoint-settle")
+              if pick(ns, environ, o) is not None]  # fmt: skip
     if not path and not url:
         if others:
             raise CheckpointConfigError(f"{others[0]} needs --checkpoint-path and --checkpoint-url")
@@ -145,6 +154,11 @@ def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> Checkp
             "--checkpoint-final-timeout",
             pick(ns, environ, "--checkpoint-final-timeout"),
             DEFAULT_FINAL_TIMEOUT,
+        ),
+        restore_timeout=_duration(
+            "--checkpoint-restore-timeout",
+            pick(ns, environ, "--checkpoint-restore-timeout"),
+            DEFAULT_RESTORE_TIMEOUT,
         ),
         settle=settle,
     )

@@ -4,7 +4,8 @@ and a last sync when the run ends.
 - Copy-back: before generation 0's ranks run the script (they preload meanwhile),
   the newest complete entry at DEST is copied into LOCAL under a temporary name and
   renamed into place, unless LOCAL has it or something newer
-  (``snapshots.restore_choice``). LOCAL is never overwritten nor pruned.
+  (``snapshots.restore_choice``), bounded by ``--checkpoint-restore-timeout``. LOCAL
+  is never overwritten nor pruned.
 - Every ``--checkpoint-frequency``: the entries of LOCAL that DEST lacks or holds
   with another signature are uploaded (``snapshots.plan``), newest first, once no
   file of theirs was written for the settle time; an entry written to while it was
@@ -67,10 +68,13 @@ class CheckpointSync:
             self.restored.set()
             return
         try:
-            await self._restore(cfg)
+            async with asyncio.timeout(cfg.restore_timeout):
+                await self._restore(cfg)
         except Exception as exc:
             self._may_prune = False
-            self.events.emit("checkpoint_sync_failed", logging.ERROR, phase="restore", error=_describe(exc),
+            error = (f"the copy-back did not finish within {cfg.restore_timeout:g}s"
+                     if isinstance(exc, TimeoutError) else _describe(exc))  # fmt: skip
+            self.events.emit("checkpoint_sync_failed", logging.ERROR, phase="restore", error=error,
                              dest=cfg.url)  # fmt: skip
         finally:
             self.restored.set()

@@ -305,3 +305,46 @@ async def test_the_last_sync_gives_up_at_its_deadline_on_a_hung_destination(tmp_
     assert [(e["event"], e["phase"], e["error"]) for e in failed] == [
         ("checkpoint_sync_failed", "final", "the last sync did not finish within 0.3s")
     ]
+
+
+class HungReadFS(MemoryFileSystem):
+    """An object store whose downloads never return; listing and the manifest still work."""
+
+    gate = threading.Event()
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if "r" in mode and MANIFEST not in path:
+            self.gate.wait()
+        return super()._open(path, mode, **kwargs)
+
+
+@pytest.mark.asyncio
+async def test_a_copy_back_that_hangs_gives_up_at_its_deadline_and_lets_the_ranks_start(
+    tmp_path: Path,
+) -> None:
+    root, executor = f"/hung-read-{uuid.uuid4().hex}", DaemonThreads()
+    log = EventLog(tmp_path / "events.jsonl", logging.getLogger("test"), Clock())
+    # DEST holds a complete entry (MemoryFileSystem instances share one store)
+    first = tmp_path / "first"
+    write(first / "snapshot.pth", b"x" * 1000, mtime_s=1000)
+    seed = FsspecStore(MemoryFileSystem(), root, url="mem://", executor=executor, maker=Maker.here())
+    sender = CheckpointSync(CheckpointConfig(path=first, url="mem://", settle=0.0), log, store=seed,
+                            executor=executor)  # fmt: skip
+    assert await sender.sync(final=True)
+    hung = FsspecStore(HungReadFS(), root, url="mem://", executor=executor, maker=Maker.here())
+    cfg = CheckpointConfig(path=tmp_path / "empty", url="mem://", restore_timeout=0.3)
+    cs = CheckpointSync(cfg, log, store=hung, executor=executor)
+    task = asyncio.create_task(cs.run())
+    try:
+        await asyncio.wait_for(cs.restored.wait(), 5)  # the download's thread stays stuck; we do not
+    finally:
+        task.cancel()
+        HungReadFS.gate.set()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e.get("phase"), e.get("error")) for e in events][-1] == (
+        "checkpoint_sync_failed", "restore", "the copy-back did not finish within 0.3s"
+    )
+    assert not (tmp_path / "empty" / "snapshot.pth").exists()
+    executor.shutdown()

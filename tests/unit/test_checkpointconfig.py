@@ -34,6 +34,7 @@ def test_forms_and_defaults(script: Path, tmp_path: Path) -> None:
     assert cfg is not None
     assert cfg.path == Path("ckpt").absolute() and cfg.url == str(tmp_path / "dest")
     assert (cfg.frequency, cfg.keep, cfg.final_timeout, cfg.settle) == (300.0, None, 300.0, 2.0)
+    assert cfg.restore_timeout == 600.0
     cfg = parse(
         script,
         "--checkpoint-path",
@@ -46,10 +47,13 @@ def test_forms_and_defaults(script: Path, tmp_path: Path) -> None:
         "3",
         "--checkpoint-final-timeout",
         "2m",
+        "--checkpoint-restore-timeout",
+        "1h",
         "--checkpoint-settle",
         "0.5",
     ).checkpoint
     assert cfg is not None
+    assert cfg.restore_timeout == 3600.0
     assert (cfg.url, cfg.frequency, cfg.keep, cfg.final_timeout, cfg.settle) == (
         f"{tmp_path}/d",
         30.0,
