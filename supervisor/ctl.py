@@ -146,6 +146,20 @@ def _age(seconds: object) -> str:
     return "-" if seconds is None else f"{float(seconds):.1f}s"  # type: ignore[arg-type]
 
 
+def _timeouts_line(t: dict[str, Any]) -> str:
+    """The timeouts in force; a monitored section with none yet says it is being learned."""
+    sections = {k: ("learning" if v is None else v) for k, v in (t.get("sections") or {}).items()}
+    shown = {
+        "initial_heartbeat": t.get("initial_heartbeat"),
+        "heartbeat": t.get("heartbeat"),
+        "sections": sections or None,
+        "out_of_section": t.get("out_of_section"),
+    }
+    if not any(v is not None for v in shown.values()):
+        return "none in force: hangs go unnoticed (set --ft-rank-*-timeout, or have the workload calculate)"
+    return format_fields(shown)
+
+
 def _render_job(job: dict[str, Any]) -> list[str]:
     """Every node of a multi-node job, as each last published itself."""
     lines = [
@@ -184,17 +198,7 @@ def render_status(s: dict[str, Any]) -> str:
         )
     t = s.get("timeouts") or {}
     learned = t.get("learned") or {}
-    lines.append(
-        "timeouts: "
-        + format_fields(
-            {
-                "initial_heartbeat": t.get("initial_heartbeat"),
-                "heartbeat": t.get("heartbeat"),
-                "sections": t.get("sections") or None,
-                "out_of_section": t.get("out_of_section"),
-            }
-        )
-    )
+    lines.append("timeouts: " + _timeouts_line(t))
     if any(v for v in learned.values()):
         lines.append("learned:  " + format_fields({k: v for k, v in learned.items() if v}))
     if s.get("dropped"):

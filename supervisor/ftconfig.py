@@ -158,6 +158,7 @@ KEYS: dict[str, _Key] = {
     "safety_factor": _Key(_factor, "a number >= 1"),
     "rank_termination_signal": _Key(_signal, "a signal name such as SIGKILL, or its number"),
     "learn_timeouts": _Key(_flag, "true or false"),
+    "learned_timeout_floor": _Key(_seconds, "seconds > 0"),
     "stack_dump_timeout": _Key(_seconds, "seconds > 0"),
     # the crash-loop guard (nvidia-resiliency-ext's progress tracker)
     "max_no_progress_cycles": _Key(_integer, "an integer (0 or less: never abort for lack of progress)"),
@@ -199,6 +200,7 @@ class FtConfig:
     safety_factor: float = 5.0
     rank_termination_signal: int = int(signal.SIGKILL)
     learn_timeouts: bool = True
+    learned_timeout_floor: float = 10.0
     stack_dump_timeout: float = 2.0
     max_no_progress_cycles: int = 3
     min_progress_iterations: int = 1
@@ -212,6 +214,7 @@ class FtConfig:
             sections=dict(self.rank_section_timeouts),
             out_of_section=self.rank_out_of_section_timeout,
             warmup_iterations=self.num_warmup_iterations,
+            learned_floor=self.learned_timeout_floor,
         )
 
     @property
@@ -331,6 +334,7 @@ def add_options(group: Any) -> None:
         "safety_factor": "learned timeout = observed maximum x this (default 5)",
         "rank_termination_signal": "signal for a hung rank (default SIGKILL)",
         "learn_timeouts": "learn timeouts from what the ranks do (default true)",
+        "learned_timeout_floor": "a learned timeout in force is never shorter than this (default 10 s)",
         "stack_dump_timeout": "seconds to wait for a hung rank's stack dump (default 2)",
         "log_level": "the daemon's log level when --log-level is not given (a SIGHUP re-reads the file's)",
     }

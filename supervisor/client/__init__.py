@@ -44,6 +44,7 @@ from supervisor.transport.schema import MAX_CAUSES, MAX_TRACEBACK, Request, enco
 __all__ = [
     "Request",
     "SaveRequest",
+    "calculate_timeouts",
     "end_all_sections",
     "end_section",
     "heartbeat",
@@ -92,6 +93,10 @@ class _Client:
         if threading.current_thread() is not threading.main_thread():
             return None  # signal handlers can only be set from the main thread
         try:
+            # faulthandler puts back the handler it found when the interpreter finalizes:
+            # ignored, so that a late dump request cannot kill an exiting rank (a
+            # real-time signal's default action) and lose its own exit status
+            signal.signal(STACK_SIGNAL, signal.SIG_IGN)
             # fd 2: the rank's stderr log, whatever sys.stderr becomes later
             faulthandler.register(STACK_SIGNAL, file=2, all_threads=True, chain=False)
         except (RuntimeError, ValueError, AttributeError, OSError):
@@ -127,6 +132,7 @@ class _Client:
             message=str(exc)[:4096],
             traceback=text[-MAX_TRACEBACK:],
             causes=causes,
+            pid=os.getpid(),
         )
 
     def send(self, kind: str, **fields: Any) -> None:
@@ -211,26 +217,37 @@ def start_section(name: str) -> None:
         c.send("section", op="open", name=name, iteration=c.iteration)
 
 
-def end_section(name: str) -> None:
+def end_section(name: str, *, failed: bool = False) -> None:
+    """``failed``: an exception ended the section, so its length is no measure of the work
+    (the daemon does not learn timeouts from it)."""
     c = _held.client or _get()
     if c is not None and name in c.monitored:
-        c.send("section", op="close", name=name, iteration=c.iteration)
+        if failed:
+            c.send("section", op="close", name=name, iteration=c.iteration, failed=True)
+        else:
+            c.send("section", op="close", name=name, iteration=c.iteration)
 
 
-def end_all_sections() -> None:
+def end_all_sections(*, failed: bool = False) -> None:
     c = _held.client or _get()
     if c is not None:
-        c.send("section", op="close_all", name=None, iteration=c.iteration)
+        if failed:
+            c.send("section", op="close_all", name=None, iteration=c.iteration, failed=True)
+        else:
+            c.send("section", op="close_all", name=None, iteration=c.iteration)
 
 
 @contextlib.contextmanager
 def section(name: str) -> Iterator[None]:
-    """``with section("step"):`` - open on entry, closed however the block ends."""
+    """``with section("step"):`` - open on entry, closed however the block ends (an
+    exception closes it as failed)."""
     start_section(name)
     try:
         yield
-    finally:
-        end_section(name)
+    except BaseException:
+        end_section(name, failed=True)
+        raise
+    end_section(name)
 
 
 def report_iteration(iteration: int) -> None:
@@ -263,6 +280,36 @@ def request(action: Request | str, reason: str = "", *, timeout: float = REQUEST
     request_id = uuid.uuid4().hex[:16]
     c.send("request", action=str(action), reason=str(reason)[:4096], id=request_id)
     return c.channel.await_ack(request_id, timeout)
+
+
+def calculate_timeouts(
+    *,
+    heartbeat: bool = False,
+    sections: list[str] | None = None,
+    all_sections: bool = False,
+    out_of_section: bool = False,
+    timeout: float = REQUEST_ACK_TIMEOUT,
+) -> bool | None:
+    """Have the daemon calculate timeouts now, from what every rank of the node showed so
+    far, and put them in force at once (nvidia-resiliency-ext's ``calculate_and_set_*``).
+
+    ``sections`` names the sections (``all_sections``: every monitored one). Waits
+    (``timeout`` s at most) for the answer: True when calculated, False when not enough
+    was seen yet, None when no daemon answered. ``state_dict()`` has the new values.
+    """
+    c = _held.client or _get()
+    if c is None:
+        return None
+    request_id = uuid.uuid4().hex[:16]
+    c.send("calculate", id=request_id, heartbeat=heartbeat, sections=sections,
+           sections_too=all_sections or sections is not None, out_of_section=out_of_section)  # fmt: skip
+    reply = c.channel.await_reply(request_id, timeout)
+    if reply is None:
+        return None
+    timeouts = reply.get("timeouts")
+    if isinstance(timeouts, dict):
+        c.timeouts = timeouts
+    return reply.get("ready") is True
 
 
 def on_save(callback: SaveCallback | None) -> bool:

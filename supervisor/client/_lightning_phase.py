@@ -37,7 +37,7 @@ STEP = "step"
 CHECKPOINTING = "checkpointing"
 FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"
 
-OpKind = Literal["open", "close", "close_all", "iteration", "heartbeat", "loaded", "saved"]
+OpKind = Literal["open", "close", "close_all", "fail_all", "iteration", "heartbeat", "loaded", "saved"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,7 @@ class Op:
 
 HEARTBEAT = Op("heartbeat")
 CLOSE_ALL = Op("close_all")
+FAIL_ALL = Op("fail_all")
 LOADED = Op("loaded")
 SAVED = Op("saved")
 
@@ -119,7 +120,8 @@ class _TrainingPhase:
         if not self.fitting:
             return []
         self.failed = True
-        return self._end()
+        self._end()
+        return [FAIL_ALL]  # an exception went through them: no measure of the work
 
     def teardown(self, stage: str, progress: Progress) -> list[Op]:
         """The fit ended without an exception; ``finished`` says whether training is complete."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Any
 
 import orjson
 import zmq
@@ -55,6 +56,11 @@ class Channel:
 
     def await_ack(self, request_id: str, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the daemon to acknowledge ``request_id``."""
+        return self.await_reply(request_id, timeout) is not None
+
+    def await_reply(self, request_id: str, timeout: float) -> dict[str, Any] | None:
+        """The daemon's acknowledgement of ``request_id`` (with what it answered), or None
+        after ``timeout`` s."""
         deadline = time.monotonic() + timeout
         with self._lock:
             sock = self._socket if self._pid == os.getpid() else None
@@ -66,8 +72,8 @@ class Channel:
                 except (zmq.ZMQError, orjson.JSONDecodeError):
                     continue
                 if isinstance(reply, dict) and reply.get("type") == "ack" and reply.get("id") == request_id:
-                    return True
-        return False
+                    return reply
+        return None
 
     def close(self, linger_ms: int = 0) -> None:
         """Close; ``linger_ms`` bounds the wait for messages still queued."""

@@ -195,6 +195,8 @@ def _apply(ops: Iterable[Op]) -> None:
                 client.end_section(op.section)
             case "close_all":
                 client.end_all_sections()
+            case "fail_all":
+                client.end_all_sections(failed=True)
             case "iteration" if op.iteration is not None:
                 client.report_iteration(op.iteration)
             case "heartbeat":

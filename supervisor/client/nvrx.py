@@ -13,18 +13,21 @@ changing one import::
 
 What differs, on purpose:
 
-* Timeouts are learned by the daemon, which sees every message: no collective
-  runs in the training loop, ever. ``calculate_and_set_hb_timeouts`` and
-  ``calculate_and_set_section_timeouts`` keep NVRx's contract (True when this
-  rank saw enough to compute the requested timeouts, else False or
-  ``RankMonitorClientError`` unless ``skip_if_not_ready``) but send nothing:
-  the daemon learns at the end of each generation, by its own rules, and the
-  values apply from the next generation on. Which sections the workload asks
-  to calculate, and when, is therefore not heard: the daemon's rules know
-  Megatron's names and NVRx's (``step`` after 16 timed steps,
-  ``checkpointing``/``checkpoint`` after a reported save, ``setup``/``init``
-  only after a checkpoint load) and learn any other monitored section once it
-  completed.
+* ``calculate_and_set_hb_timeouts`` and ``calculate_and_set_section_timeouts``
+  keep NVRx's contract and meaning: the timeouts are calculated from what was
+  observed so far (safety factor x the longest interval, merged with the value
+  in force when the generation started), take effect at once, and from then on
+  take precedence over the configuration; True when calculated, else False or
+  ``RankMonitorClientError`` unless ``skip_if_not_ready``. The daemon calculates
+  them, from every rank of the node (it sees every message: no collective runs
+  in the training loop, where NVRx all-reduces the maxima over the whole job),
+  and answers within 2 s. Learned timeouts in force are never below the daemon's
+  floor (``--ft-learned-timeout-floor``, 10 s).
+* A ``null`` timeout means what it means in NVRx: not enforced until it is
+  calculated (for sections, the daemon also learns it at the end of each
+  healthy generation; heartbeats only when the workload asks). A rank that
+  sends heartbeats while no heartbeat timeout is in force gets the daemon's
+  ``heartbeats_unmonitored`` warning.
 * ``state_dict()`` is NVRx's ``{"current_timeouts": {"heartbeat": ...,
   "section": ...}}`` plus our own ``ft_supervisor_timeouts`` entry (NVRx ignores
   it), so the same JSON file serves either launcher. ``load_state_dict()``
@@ -178,6 +181,7 @@ def to_nvrx_state(timeouts: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _from_nvrx(current: Mapping[str, Any]) -> Learned:
+    """NVRx's calculated timeouts, which take precedence over the configuration there too."""
     hb = current.get("heartbeat")
     initial = heartbeat = None
     if isinstance(hb, Mapping) and hb.get("were_calculated"):
@@ -194,7 +198,8 @@ def _from_nvrx(current: Mapping[str, Any]) -> Learned:
                 sections[str(name)] = seconds
         if sec.get("is_out_of_section_calculated"):
             out_of_section = _seconds(sec.get("out_of_section"))
-    return Learned(initial, heartbeat, sections, out_of_section)
+    learned = Learned(initial, heartbeat, sections, out_of_section)
+    return Learned(initial, heartbeat, sections, out_of_section, frozenset(learned.keys()))
 
 
 def learned_from_state(state: object) -> Learned | None:
@@ -339,13 +344,13 @@ class RankMonitorClient:
         return set(raw) if isinstance(raw, Mapping) else set()
 
     def calculate_and_set_hb_timeouts(self, skip_if_not_ready: bool = False) -> bool:
-        """True when this rank sent enough heartbeats (two) for the daemon to learn from.
+        """Calculate the heartbeat timeouts now and put them in force (NVRx's contract).
 
-        Sends nothing and runs no collective: the daemon learns heartbeat timeouts
-        itself, at the end of the generation, for the next one.
+        Ready once this rank sent two heartbeats and the daemon saw enough.
         """
         self._ensure_is_ready()
-        return self._ready(self._active and self._heartbeats >= 2, skip_if_not_ready)
+        ready = self._active and self._heartbeats >= 2 and self._calculate(heartbeat=True)
+        return self._ready(ready, skip_if_not_ready)
 
     def calculate_and_set_section_timeouts(
         self,
@@ -353,16 +358,28 @@ class RankMonitorClient:
         calc_out_of_section: bool = True,
         skip_if_not_ready: bool = False,
     ) -> bool:
-        """True when every selected monitored section was completed at least once here.
+        """Calculate section (and out-of-section) timeouts now and put them in force.
 
-        Sends nothing and runs no collective: the daemon learns section and
-        out-of-section timeouts itself, at the end of the generation, for the
-        next one. A selected section the daemon does not monitor is never ready.
+        Ready once every selected monitored section was completed here and the daemon
+        saw enough. A selected section the daemon does not monitor is never ready.
         """
         self._ensure_is_ready()
-        selected = set(selected_sections) if selected_sections else self._monitored()
-        ready = selected <= (self._closed & self._monitored())
-        return self._ready(self._active and ready, skip_if_not_ready)
+        # NVRx's None is every section; an empty list is none (the out-of-section timeout only)
+        every = selected_sections is None
+        selected = self._monitored() if every else set(selected_sections or ())
+        ready = self._active and selected <= (self._closed & self._monitored())
+        if ready and (selected or calc_out_of_section):
+            ready = self._calculate(
+                sections=None if every else sorted(selected),
+                all_sections=every,
+                out_of_section=calc_out_of_section,
+            )
+        return self._ready(ready, skip_if_not_ready)
+
+    def _calculate(self, **ask: Any) -> bool:
+        answer = client.calculate_timeouts(**ask)
+        self._view = dict(client.state_dict()[OURS_KEY])
+        return answer is True
 
     def _ready(self, ready: bool, skip_if_not_ready: bool) -> bool:
         if ready:

@@ -16,13 +16,15 @@ than the root cause's (an illegal memory access next to Xid 48), it wins.
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from supervisor.core.agentlog import launcher_ranks
 from supervisor.core.evidence import Evidence
 from supervisor.core.rules import Hit, Rule, match_lines, strip_prefix
-from supervisor.core.types import SEVERITY, Action, ExitStatus, RankExit, RankFailure
+from supervisor.core.types import SEVERITY, Action, RankFailure
 
 UNCLASSIFIED = "unclassified"
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
@@ -128,6 +130,10 @@ def classify_lines(
     text = [strip_prefix(ln) for ln in lines]
     rank = failure.exit.rank if failure is not None else None
     hits = [h for r in rules if _in(r, scopes) and (h := _rule_hit(r, text, failure)) is not None]
+    if failure is not None and _killed_from_outside(failure):
+        # SIGKILL cannot be a rank's own reaction to a peer's death (that raises, then
+        # exits): a line blaming a peer was written by another process, or is beside the point
+        hits = [h for h in hits if not h.rule.blame_peer]
     leaves = [h for h in hits if not (h.rule.wrapper or h.rule.fallback)]
     wrappers = [h for h in hits if h.rule.wrapper]
     if leaves:
@@ -143,46 +149,26 @@ def _in(rule: Rule, scopes: tuple[str, ...]) -> bool:
     return any(s in scopes for s in rule.scope)
 
 
+def _killed_from_outside(failure: RankFailure) -> bool:
+    return failure.exit.status.signal == signal.SIGKILL and not failure.exit.terminated
+
+
 def classify_rank(rules: Sequence[Rule], failure: RankFailure) -> Classification:
+    """The rank's own evidence first (what it wrote while alive, how it ended); what its
+    leftover processes wrote after it died explains it only when nothing else does."""
     found = classify_lines(rules, failure.texts(), failure=failure)
+    if found is None and failure.after_exit:
+        found = classify_lines(rules, failure.after_exit, failure=failure)
     if found is not None:
         return found
     tail = tuple(strip_prefix(ln) for ln in failure.log_tail[-3:])
     return unclassified(failure.exit.rank, (failure.summary(), *tail))
 
 
-_RANK_LINE = re.compile(r"^\s*\[(?:rank|default)(\d+)\]:")
-_ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
-
-
 def agent_ranks(lines: Sequence[str], progressed: bool | None = None) -> list[RankFailure]:
-    """A launcher's log (torchrun's) as one failure per rank that printed in it.
-
-    Lines prefixed ``[rankN]:`` (or ``[defaultN]:``) are rank N's; the others are the
-    launcher's own and go with every rank. The rank torchelastic names under "Root
-    Cause (first observed failure)" comes first, the others after it.
-    """
-    own: dict[int, list[str]] = {}
-    shared: list[str] = []
-    root: int | None = None
-    after_root = False
-    for line in lines:
-        m = _RANK_LINE.match(line)
-        if m is not None:
-            own.setdefault(int(m.group(1)), []).append(line)
-            continue
-        shared.append(line)
-        if "Root Cause (first observed failure)" in line:
-            after_root = True
-        elif after_root and root is None and (r := _ROOT_RANK.match(line)):
-            root = int(r.group(1))
-    order = sorted(own, key=lambda rank: (rank != root, rank))
-    return [
-        RankFailure(
-            RankExit(r, r, 0, ExitStatus(), float(i), 0.0), log_tail=(*own[r], *shared), progressed=progressed
-        )
-        for i, r in enumerate(order)
-    ]
+    """A launcher's log (torchrun's, ft_launcher's) as one failure per rank it names,
+    the root cause first: see ``supervisor.core.agentlog``."""
+    return launcher_ranks(lines, progressed)
 
 
 def _root(per_rank: Sequence[Classification]) -> Classification | None:

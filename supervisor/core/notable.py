@@ -25,14 +25,14 @@ def is_notable(line: str) -> bool:
     return any(k in low for k in KEYWORDS)
 
 
-def notable_lines(text: str) -> list[str]:
-    """The lines of ``text`` (complete lines, newline-separated) that hold a keyword,
-    in order, each once."""
+def notable_lines(text: str, keywords: tuple[str, ...] = KEYWORDS) -> list[str]:
+    """The lines of ``text`` (complete lines, newline-separated) that hold a keyword
+    (lower case; one may end with the newline), in order, each once."""
     low = text.lower()
     if len(low) != len(text):  # a rare Unicode character whose lower case is longer
-        return [line for line in text.splitlines() if is_notable(line)]
+        return [line for line in text.splitlines() if any(k in f"{line.lower()}\n" for k in keywords)]
     starts: set[int] = set()
-    for keyword in KEYWORDS:
+    for keyword in keywords:
         i = low.find(keyword)
         while i >= 0:
             start = low.rfind("\n", 0, i) + 1

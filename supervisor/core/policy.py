@@ -9,8 +9,13 @@ In order, first match wins:
    except that a failure classified abort stays abort;
 3. a classification whose action is abort aborts: abort never downgrades;
 4. a rule's ``repeat`` action applies once the rule has matched ``after`` times
-   before on this node ("restart once, then abort"), and a hardware-looking
-   failure seen before on this node reschedules (escalation);
+   before on this node *without progress since* ("restart once, then abort"), and
+   a hardware-looking failure seen again that way reschedules (escalation). A
+   failure after real progress (new iterations past the best, or a checkpoint
+   saved) is a new incident, not a repeat. When the ranks report no progress at
+   all the daemon cannot tell a repeat from a new incident: a repeat may then
+   escalate to reschedule, never to abort (the budget bounds the restarts, as
+   with torchrun);
 5. a crash loop aborts: ``max_no_progress`` generations in a row failed without
    advancing the iteration by ``min_progress`` or saving a checkpoint (as
    nvidia-resiliency-ext's progress tracker; only when ranks report iterations);
@@ -91,6 +96,25 @@ class History:
     def count(self, rule: str) -> int:
         return sum(1 for p in self.failures if p.rule == rule)
 
+    def repeats(self, current: Past, min_progress: int) -> int:
+        """Earlier failures of ``current.rule`` with no progress between them and now: the
+        ones it repeats. None at all when ``current``'s own generation made progress."""
+        if progressed(current, min_progress):
+            return 0
+        count = 0
+        for p in reversed(self.failures):
+            count += p.rule == current.rule
+            if progressed(p, min_progress):
+                break  # the failure that ended a generation with progress began the streak
+        return count
+
+
+def progressed(p: Past, min_progress: int) -> bool | None:
+    """Did that generation make progress? None: its ranks never said."""
+    if p.saved:
+        return True
+    return None if p.progress is None else p.progress >= min_progress
+
 
 @dataclass(frozen=True, slots=True)
 class Policy:
@@ -147,7 +171,8 @@ class _Case:
 
     @property
     def seen(self) -> int:
-        return self.history.count(self.c.rule)
+        """How many times before this failure repeats (see ``History.repeats``)."""
+        return self.history.repeats(self.current, self.policy.min_progress)
 
 
 def _unkillable(k: _Case) -> Decision | None:
@@ -173,15 +198,22 @@ def _request(k: _Case) -> Decision | None:
 def _not_retryable(k: _Case) -> Decision | None:
     if k.c.action is not Action.ABORT:
         return None
-    return Decision(Action.ABORT, Reason.NOT_RETRYABLE, f"{_what(k.c)}: retrying cannot help")
+    # the rule's summary says what to do instead (a setup error names the fix)
+    why = f": {k.c.summary}" if k.c.summary else ""
+    return Decision(Action.ABORT, Reason.NOT_RETRYABLE, f"{_what(k.c)}: retrying cannot help{why}")
 
 
 def _repeated(k: _Case) -> Decision | None:
     c, seen = k.c, k.seen
-    if c.repeat is not None and seen >= c.after and SEVERITY[c.repeat] > SEVERITY[c.action]:
-        if c.repeat is Action.RESTART and k.budget.remaining(k.now) <= 0:
+    repeat = c.repeat
+    if repeat is Action.ABORT and progressed(k.current, k.policy.min_progress) is None:
+        repeat = None  # no progress reported: a repeat cannot be told from a new incident
+    if repeat is not None and seen >= c.after and SEVERITY[repeat] > SEVERITY[c.action]:
+        if repeat is Action.RESTART and k.budget.remaining(k.now) <= 0:
             return _budgeted(k)  # an escalation to restart still spends the budget
-        return Decision(c.repeat, Reason.REPEATED, f"{_what(c)}, seen {seen} time(s) before on this node")
+        return Decision(
+            repeat, Reason.REPEATED, f"{_what(c)}, seen {seen} time(s) before on this node without progress"
+        )
     if c.nature == "hardware" and seen >= 1:
         return Decision(
             Action.RESCHEDULE, Reason.REPEATED, f"{_what(c)}: the same hardware fault again on this node"

@@ -158,6 +158,9 @@ class RankFailure:
     notable: tuple[str, ...] = ()
     # completed a step this generation? None when the rank never said (no client)
     progressed: bool | None = None
+    # what reached its log after it died: processes it left behind (forked workers)
+    # speak there, of their own trouble, which says nothing of why the rank died
+    after_exit: tuple[str, ...] = ()
 
     def texts(self) -> tuple[str, ...]:
         """Every line of text this rank left: error file, reported exception, logs."""

@@ -51,3 +51,12 @@ async def dump_stacks(pid: int, signum: int, log: Path, timeout: float) -> str:
         f.seek(before)
         return f.read(min(size - before, MAX_DUMP)).decode(errors="replace")
     return ""
+
+
+def process_state(pid: int) -> str | None:
+    """The process's state letter from /proc (R, S, D, T...); None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None

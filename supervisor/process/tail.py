@@ -31,13 +31,19 @@ NOTABLE_LINE_MAX = 2048
 @dataclass
 class Notable:
     """Trouble-looking lines of one rank: the first ones (the cause is often early)
-    and the latest ones, bounded."""
+    and the latest ones, bounded. Lines that reach its log after the rank exited were
+    written by processes it left behind (forked data-loader workers...), not by it:
+    they are kept apart."""
 
     first: list[str] = field(default_factory=list)
     latest: deque[str] = field(default_factory=lambda: deque(maxlen=NOTABLE_LINES * 3 // 4))
+    after_exit: deque[str] = field(default_factory=lambda: deque(maxlen=NOTABLE_LINES // 4))
+    exited: bool = False
 
     def add(self, line: str) -> None:
-        if len(self.first) < NOTABLE_LINES // 4:
+        if self.exited:
+            self.after_exit.append(line)
+        elif len(self.first) < NOTABLE_LINES // 4:
             self.first.append(line)
         else:
             self.latest.append(line)
@@ -55,6 +61,7 @@ class _Followed:
     show: bool
     fd: int = -1
     partial: bytes = field(default=b"")
+    consumed: int = 0  # bytes read so far
 
 
 class LogFollower:
@@ -62,6 +69,7 @@ class LogFollower:
         self._console = console
         self._files: list[_Followed] = []
         self.notable: dict[int, Notable] = {}
+        self.after_exit: dict[int, tuple[str, ...]] = {}  # of the last finished generation
 
     def follow(self, rank: int, path: Path, stream: int, *, show: bool = True) -> None:
         """Read ``path`` as it grows; copy it to the console when ``show``."""
@@ -79,6 +87,7 @@ class LogFollower:
             except FileNotFoundError:
                 return
         while chunk := os.read(f.fd, READ_SIZE):
+            f.consumed += len(chunk)
             *lines, f.partial = (f.partial + chunk).split(b"\n")
             if len(f.partial) > MAX_LINE:
                 lines.append(f.partial)
@@ -88,6 +97,18 @@ class LogFollower:
             if f.show:
                 self._console.write(f.stream, b"".join(f.prefix + ln + b"\n" for ln in lines))
             self._notice(f.rank, lines)
+
+    def exited(self, rank: int) -> dict[Path, int]:
+        """The rank's process is gone: read what it wrote, and say how far its files
+        went then (by path). What comes later is from processes it left behind."""
+        offsets = {}
+        for f in self._files:
+            if f.rank == rank:
+                self._read(f)
+                offsets[f.path] = f.consumed
+        if rank in self.notable:
+            self.notable[rank].exited = True
+        return offsets
 
     def _notice(self, rank: int, lines: list[bytes]) -> None:
         notable = self.notable[rank]
@@ -107,5 +128,6 @@ class LogFollower:
                 os.close(f.fd)
         self._files.clear()
         found = {rank: n.lines() for rank, n in self.notable.items()}
+        self.after_exit = {rank: tuple(n.after_exit) for rank, n in self.notable.items() if n.after_exit}
         self.notable = {}
         return found

@@ -29,6 +29,7 @@ from supervisor.config import RunConfig
 from supervisor.coord.job import JobOver, LocalJob, RendezvousJob, Round
 from supervisor.core.evidence import WorkloadAsk
 from supervisor.core.jobwide import NodeOutcome, PeerNews, joint, spends_budget
+from supervisor.core.learning import Learned
 from supervisor.core.states import GroupVerdict
 from supervisor.core.topology import (
     RunIdentity,
@@ -41,7 +42,7 @@ from supervisor.process.orphans import OrphanGuard
 from supervisor.process.spawn import RankProcess
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller, TerminationReport
-from supervisor.runtime import aftermath, autoresume, closing, rounds, signals, statefile, status
+from supervisor.runtime import autoresume, closing, hangs, rounds, signals, statefile, status
 from supervisor.runtime.aio import first
 from supervisor.runtime.clock import Clock
 from supervisor.runtime.control import ControlServer
@@ -132,7 +133,7 @@ class Supervisor:
         )
         self._ender = Ender(self.cfg, monitor=self.monitor, events=self.events, clock=self.clock,
                             follower=self._follower, signaller=self._signaller, force=self._force,
-                            token=self.token, state_path=self._state_path)  # fmt: skip
+                            token=self.token, persist=self._persist)  # fmt: skip
         guard = await OrphanGuard.start(token_entry(self.token))
         hosting = self.cfg.hosting
         handled = signals.install(self._commands, self.cfg.stop_signals, hosting.reload_signals,
@@ -188,7 +189,16 @@ class Supervisor:
             clock=self.clock,
             events=self.events,
             on_hang=self._on_hang,
+            persist=lambda learned: self._persist(learned, self.monitor.generation),
+            safety_factor=self.cfg.ft.safety_factor,
         )
+
+    def _persist(self, learned: Learned, generation: int | None) -> None:
+        """Learned timeouts outlive the run (``--state-dir``); a failed write is reported."""
+        try:
+            statefile.save(self._state_path, learned, run_id=self.cfg.run_id, generation=generation)
+        except OSError as exc:
+            self.events.emit("state_unwritable", logging.WARNING, path=str(self._state_path), error=str(exc))
 
     def _announce(self) -> None:
         self.events.emit(
@@ -263,8 +273,15 @@ class Supervisor:
             and (stopping or gen.verdict is not GroupVerdict.SUCCEEDED)
         ):
             over = await self._announce_end(rnd, gen)
-        if gen.hangs and not stopping:
-            await aftermath.collect_stacks(gen, self.monitor, self.cfg.ft.stack_dump_timeout, self.events)
+        ending = self.clock.monotonic()
+        if gen.missed is not None and not stopping:
+            await hangs.name_hung(gen, self.monitor, stack_timeout=self.cfg.ft.stack_dump_timeout,
+                                  clock=self.clock, events=self.events)  # fmt: skip
+        gen.trouble_at = (
+            None
+            if gen.verdict is GroupVerdict.SUCCEEDED and news is None and not stopping
+            else gen.trouble_began(ending, self.monitor.exception_at)
+        )
         report = await self._ender.end(gen, stop_signal=self._stop_signal, why=self._why_ending(gen, news))
         if stopping or over is not None:
             await launcher.discard(upcoming)
@@ -383,25 +400,10 @@ class Supervisor:
 
     def _on_hang(self, hang: Hang) -> None:
         gen = self._current
-        slot = (
-            None
-            if gen is None
-            else next((r.slot for r in gen.ranks.values() if r.slot.rank == hang.rank), None)
-        )
-        if gen is None or slot is None or gen.ended.is_set():
+        if gen is None or not gen.started or gen.ended.is_set():
             return
-        self.events.emit(
-            "rank_hung",
-            logging.WARNING,
-            generation=gen.number,
-            rank=hang.rank,
-            kind=str(hang.kind),
-            section=hang.section,
-            open_for=round(hang.open_for, 3),
-            timeout=hang.timeout,
-            late_by=round(hang.late_by, 6),
-        )
-        gen.hung(slot.local_rank, hang, self.clock.wall() - hang.late_by)
+        failing = gen.failing() or any(self._reported(r) for r in gen.ranks.values())
+        hangs.deadline_missed(gen, hang, failing=failing, clock=self.clock, events=self.events)
 
     # -- commands: signals and the control endpoint ------------------------------------
 

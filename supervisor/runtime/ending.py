@@ -6,15 +6,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from pathlib import Path
+from collections.abc import Callable
 
 from supervisor.config import RunConfig
-from supervisor.core.learning import learn, observe
+from supervisor.core.learning import Learned, learn, observe
 from supervisor.core.topology import token_entry
 from supervisor.process.orphans import sweep_generation
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller, TerminationReport, terminate
-from supervisor.runtime import gasp, signals, statefile
+from supervisor.runtime import gasp, signals
 from supervisor.runtime.clock import Clock
 from supervisor.runtime.events import EventLog
 from supervisor.runtime.generation import Generation
@@ -33,7 +33,7 @@ class Ender:
         signaller: Signaller,
         force: asyncio.Event,
         token: str,
-        state_path: Path,
+        persist: Callable[[Learned, int | None], None],
     ) -> None:
         self._cfg = cfg
         self._monitor = monitor
@@ -43,7 +43,7 @@ class Ender:
         self._signaller = signaller
         self._force = force
         self._token = token
-        self._state_path = state_path
+        self._persist = persist
 
     async def end(self, gen: Generation, *, stop_signal: int | None, why: str) -> TerminationReport:
         """Ask the ranks that can save to do so, then stop every rank of ``gen``."""
@@ -66,6 +66,7 @@ class Ender:
             signals=self._signaller,
         )
         gen.notable = self._follower.finish()
+        gen.after_exit = self._follower.after_exit
         self._learn(gen)
         if report.unkillable:
             self._events.emit(
@@ -94,12 +95,13 @@ class Ender:
         if not cfg.ft.learn_timeouts or not watches:
             return
         old = monitor.learned
-        new = learn(old, observe(watches), monitor.configured, cfg.ft.safety_factor)
+        # only intervals that ended before the trouble began: the hung step, the wait
+        # for a dead peer, the stop were not what the work needs
+        seen = observe(watches, before=gen.trouble_at)
+        new = learn(old, seen, monitor.configured, cfg.ft.safety_factor)
         if new == old:
             return
         monitor.set_learned(new)
-        try:
-            statefile.save(self._state_path, new, run_id=cfg.run_id, generation=gen.number)
-        except OSError as exc:
-            self._events.emit("state_unwritable", logging.WARNING, path=str(self._state_path), error=str(exc))
-        self._events.emit("timeouts_learned", generation=gen.number, learned=new.to_json())
+        self._persist(new, gen.number)
+        self._events.emit("timeouts_learned", generation=gen.number, learned=new.to_json(),
+                          in_force=monitor.in_force())  # fmt: skip

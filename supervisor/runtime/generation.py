@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from supervisor.core.states import GroupVerdict, RankState, group_verdict
 from supervisor.core.topology import Topology
@@ -29,15 +30,21 @@ class Generation:
         number: int,
         clock: Clock,
         events: EventLog,
-        before_exit_event: Callable[[], None] = lambda: None,
+        before_exit_event: Callable[[int], Mapping[Path, int]] = lambda rank: {},
     ) -> None:
         self.number = number
         self.topology = Topology(nproc_per_node=1)  # set by the launcher before any rank spawns
         self.ranks: dict[int, RankProcess] = {}
         self.exits: dict[int, RankExit] = {}
         self.hangs: dict[int, tuple[Hang, float]] = {}  # local rank -> hang, wall time of its deadline
+        # the first deadline missed, and when (monotonic) it was noticed: who is hung
+        # is decided from every rank's evidence afterwards (supervisor.core.blame)
+        self.missed: tuple[Hang, float] | None = None
+        # when (monotonic) the trouble that ended it began; None: it ended well
+        self.trouble_at: float | None = None
         self.stacks: dict[int, str] = {}  # local rank -> its dumped stacks
         self.notable: dict[int, tuple[str, ...]] = {}  # rank -> trouble-looking log lines
+        self.after_exit: dict[int, tuple[str, ...]] = {}  # rank -> ...noticed after it exited
         # local rank -> when (monotonic) it reported a failure (error file, client) while alive
         self.reported: dict[int, float] = {}
         self.stuck: set[int] = set()  # reported a failure, then did not exit within the grace
@@ -47,14 +54,17 @@ class Generation:
         self.stop_wall: float | None = None
         self.ended = asyncio.Event()
         self.started = False
+        self.started_at = 0.0  # monotonic
         self._clock = clock
         self._events = events
-        # lets the console show a rank's last words before the news of its exit
+        # lets the console show a rank's last words before the news of its exit, and
+        # says how far its logs went when it died (local rank -> path -> bytes)
         self._before_exit_event = before_exit_event
+        self.exit_offsets: dict[int, Mapping[Path, int]] = {}
 
     @property
     def verdict(self) -> GroupVerdict:
-        if self.hangs or self.stuck:  # stopped by us, but the generation failed
+        if self.hangs or self.stuck or self.missed:  # stopped by us, but the generation failed
             return GroupVerdict.FAILED
         return group_verdict({lr: r.state for lr, r in self.ranks.items()})
 
@@ -64,12 +74,34 @@ class Generation:
 
     def start(self) -> None:
         self.started = True
+        self.started_at = self._clock.monotonic()
         self._settle()
 
+    def missed_deadline(self, hang: Hang, noticed: float) -> None:
+        """A rank missed a deadline: the generation is over; which rank is hung comes next."""
+        if self.missed is None:
+            self.missed = (hang, noticed)
+        self.ended.set()
+
     def hung(self, local_rank: int, hang: Hang, deadline_wall: float) -> None:
-        """A rank missed a deadline: the generation is over."""
+        """The evidence names this rank as hung."""
         self.hangs.setdefault(local_rank, (hang, deadline_wall))
         self.ended.set()
+
+    def failing(self) -> bool:
+        """A rank failed or said it is failing: the others wait for it, they are not hung."""
+        return bool(self.reported) or any(r.state is RankState.FAILED for r in self.ranks.values())
+
+    def trouble_began(self, ending: float, reported: Mapping[int, float]) -> float:
+        """When (monotonic) the trouble that ends the generation began, at the latest
+        ``ending``: intervals still open then ended because of it, and teach nothing.
+        ``reported``: when ranks reported failures the daemon heard of (by rank)."""
+        times = [ending, *self.reported.values(), *reported.values()]
+        if self.missed is not None:
+            hang, noticed = self.missed
+            times.append(noticed - hang.open_for)
+        times += [e.at for lr, e in self.exits.items() if self.ranks[lr].state is RankState.FAILED]
+        return min(times)
 
     def check_exits(self, grace: float, reported: Callable[[RankProcess], bool]) -> None:
         """A rank that reported its failure (its torchelastic error file, or its client's
@@ -121,7 +153,7 @@ class Generation:
             rank.move_to(RankState.FAILED)
         self.exits[exit.local_rank] = exit
         failed = rank.state is RankState.FAILED
-        self._before_exit_event()
+        offsets = self.exit_offsets[exit.local_rank] = self._before_exit_event(exit.rank)
         self._events.emit(
             "rank_exited",
             # a standby dropped unused is routine; a failed rank never is
@@ -134,6 +166,9 @@ class Generation:
             signal=None if status.signal is None else signal_name(status.signal),
             state=str(rank.state),
             standby=was_standby or None,
+            # how far its logs went when it died: what follows, processes it left behind wrote
+            stdout_bytes=offsets.get(rank.files.stdout),
+            stderr_bytes=offsets.get(rank.files.stderr),
         )
         self._settle()
 

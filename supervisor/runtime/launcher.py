@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -67,11 +68,17 @@ class Launcher:
     async def prepare(self, number: int, *, standby: bool, topology: Topology | None = None) -> Generation:
         """Spawn a generation's ranks; they wait for their go. Until the
         rendezvous says otherwise, this node keeps the place it had last."""
-        gen = Generation(number, self._clock, self._events, self._follower.poll)
+        gen = Generation(number, self._clock, self._events, lambda rank: self._exited(number, rank))
         gen.topology = topology or self.topology
         for slot in gen.topology.slots():
             await self._spawn_into(gen, slot.local_rank, standby=standby)
         return gen
+
+    def _exited(self, generation: int, rank: int) -> Mapping[Path, int]:
+        """A rank's process is gone: no deadline holds it any more (its watch's
+        observations stay), and its logs up to now are its own."""
+        self._monitor.rank_gone(generation, rank)
+        return self._follower.exited(rank)
 
     async def fit(self, gen: Generation, topology: Topology) -> Generation:
         """The generation's ranks, for this node's place in the round.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import traceback
 from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from supervisor.core.learning import Learned
+from supervisor.core.learning import Calculation, Learned, calculate, observe
 from supervisor.core.types import ReportedException
 from supervisor.core.watch import Hang, RankWatch, Timeouts
 from supervisor.runtime.clock import Clock
@@ -47,6 +48,8 @@ class Monitor:
         clock: Clock,
         events: EventLog,
         on_hang: Callable[[Hang], None],
+        persist: Callable[[Learned], None] = lambda learned: None,
+        safety_factor: float = 5.0,
     ) -> None:
         self._sock = sock
         # the same socket, without asyncio: draining what is queued needs no wake-up
@@ -58,12 +61,16 @@ class Monitor:
         self._clock = clock
         self._events = events
         self._on_hang = on_hang
+        self._persist = persist
+        self._safety_factor = safety_factor
+        self._base = learned  # in force when the generation started: what a calculation merges with
         self.generation: int | None = None
         self.watches: dict[int, RankWatch] = {}
         self.stack_signals: dict[int, int] = {}  # rank -> signal its client dumps stacks on
         self.pids: dict[int, int] = {}
         self.requests: list[schema.WorkloadRequest] = []
         self.exceptions: dict[int, ReportedException] = {}
+        self.exception_at: dict[int, float] = {}  # rank -> when (monotonic) its report came
         self.savers: dict[int, bytes] = {}  # rank -> its saver socket (a save callback waits there)
         self.saves: dict[str, schema.Saved] = {}  # answers to "save now", by request id
         self.save_news = asyncio.Event()
@@ -73,6 +80,8 @@ class Monitor:
         self._hung: set[int] = set()
         self._stepping_ranks: set[int] = set()
         self._identity: bytes | None = None  # the sender of the message being handled
+        self._told_unmonitored = False
+        self._handler_errors: set[str] = set()  # message kinds whose handling raised (told once)
 
     # -- generations ----------------------------------------------------------------
 
@@ -85,10 +94,20 @@ class Monitor:
         self.pids = dict(pids)
         self.requests = []
         self.exceptions = {}
+        self.exception_at = {}
         self.savers = {}
         self.saves = {}
         self._hung = set()
         self._stepping_ranks = set()
+        self._base = self.learned
+
+    def rank_gone(self, generation: int, rank: int) -> None:
+        """The rank's process exited: it can miss no deadline (a clean exit outside any
+        section must not look like a hang a moment later)."""
+        watch = self.watches.get(rank)
+        if generation == self.generation and watch is not None:
+            watch.closed = True
+            self._cancel(rank)
 
     def end_generation(self) -> list[RankWatch]:
         """Stop watching; what was observed, for learning."""
@@ -101,7 +120,7 @@ class Monitor:
         watch = self.watches.get(rank)
         if watch is None:
             return None
-        return watch.iteration is not None or watch.section_count.get("step", 0) > 0
+        return watch.iteration is not None or watch.completed_steps > 0
 
     def iterations(self) -> list[int]:
         return [w.iteration for w in self.watches.values() if w.iteration is not None]
@@ -156,7 +175,20 @@ class Monitor:
             self._drop(dropped)
             return
         self._identity = frames[0]
-        self.handle(message, self._clock.monotonic())
+        try:
+            self.handle(message, self._clock.monotonic())
+        except Exception as exc:  # a bug here must not deafen the daemon
+            # raised out of the reader callback, it would leave the edge-triggered socket
+            # undrained: no message would ever be read again, no hang ever noticed
+            self._failed(message, exc)
+
+    def _failed(self, message: schema.RankMessage, exc: Exception) -> None:
+        kind = type(message).__name__
+        if kind not in self._handler_errors:
+            self._handler_errors.add(kind)
+            self._events.emit("message_failed", logging.ERROR, message=kind, rank=message.rank,
+                              error=f"{type(exc).__name__}: {exc}",
+                              traceback="".join(traceback.format_exception(exc))[-4000:])  # fmt: skip
 
     def _admit(self, frames: list[bytes]) -> schema.RankMessage:
         if len(frames) != 2:
@@ -181,9 +213,11 @@ class Monitor:
         watch = self.watches.get(m.rank)
         if watch is None:
             watch = self.watches[m.rank] = RankWatch(m.rank, started=now)
+        watch.last_seen = now
         match m:
             case schema.Heartbeat():
                 watch.heartbeat(now)
+                self._unmonitored(m.rank)
             case schema.Section():
                 self._section(watch, m, now)
                 self._stepping(watch)
@@ -196,6 +230,8 @@ class Monitor:
                 self._hello(m, watch)
             case schema.LoadTimeouts(timeouts=raw):
                 self._load_timeouts(m.rank, raw)
+            case schema.Calculate():
+                self._calculate(m)
             case schema.WorkloadRequest():
                 self.requests.append(m)
                 self._ack(m.id)
@@ -208,7 +244,7 @@ class Monitor:
                     reason=m.reason,
                 )
             case schema.ExceptionReport():
-                self.exceptions[m.rank] = ReportedException(m.exc_type, m.message, m.traceback, m.causes)
+                self._exception(m, now)
             case schema.Bye():
                 watch.closed = True  # what it showed still counts for learning
             case schema.SaverReady() | schema.Saved():
@@ -217,13 +253,23 @@ class Monitor:
 
     def _section(self, watch: RankWatch, m: schema.Section, now: float) -> None:
         if m.op is schema.SectionOp.CLOSE_ALL:
-            watch.close_all(now, self.timeouts)
+            watch.close_all(now, self.timeouts, failed=m.failed)
         elif m.name is not None and m.op is schema.SectionOp.OPEN:
             watch.open_section(m.name, now)
         elif m.name is not None:
-            watch.close_section(m.name, now, self.timeouts)
+            watch.close_section(m.name, now, self.timeouts, failed=m.failed)
         if m.iteration is not None:
             watch.iteration = m.iteration
+
+    def _exception(self, m: schema.ExceptionReport, now: float) -> None:
+        if m.pid is not None and m.pid != self.pids.get(m.rank, m.pid):
+            # a process the rank forked (a data-loader worker inherits the client) died of
+            # its own exception: often of the rank's death, never the cause of it
+            self._events.emit("child_exception", logging.DEBUG, generation=self.generation, rank=m.rank,
+                              pid=m.pid, exc_type=m.exc_type, message=m.message[:300])  # fmt: skip
+            return
+        self.exceptions[m.rank] = ReportedException(m.exc_type, m.message, m.traceback, m.causes)
+        self.exception_at.setdefault(m.rank, now)
 
     def _checkpoint(self, watch: RankWatch, event: str) -> None:
         if event == "loaded":
@@ -263,11 +309,42 @@ class Monitor:
             return False
         return True
 
-    def _ack(self, request_id: str | None) -> None:
+    def _ack(self, request_id: str | None, **data: object) -> None:
         """A request is worth a reply: the rank may be about to exit and wants it delivered."""
         if self._identity is not None and request_id is not None:
+            reply = schema.encode("ack", id=request_id, **data)
             with contextlib.suppress(zmq.ZMQError):
-                self._sync.send_multipart([self._identity, schema.encode("ack", id=request_id)], zmq.NOBLOCK)
+                self._sync.send_multipart([self._identity, reply], zmq.NOBLOCK)
+
+    def _unmonitored(self, rank: int) -> None:
+        """Heartbeats nobody holds the rank to: say so once, a hang would go unnoticed."""
+        if self.timeouts.heartbeat is not None or self._told_unmonitored:
+            return
+        self._told_unmonitored = True
+        self._events.emit(
+            "heartbeats_unmonitored", logging.WARNING, generation=self.generation, rank=rank,
+            detail="heartbeats arrive but no heartbeat timeout is in force: set --ft-rank-heartbeat-timeout, "
+            "or have the workload calculate it (calculate_and_set_hb_timeouts)",
+        )  # fmt: skip
+
+    def _calculate(self, m: schema.Calculate) -> None:
+        """The workload's own calculation (nvidia-resiliency-ext's calculate_and_set_*):
+        from what every rank of the node showed so far, in force at once."""
+        ask = Calculation(m.heartbeat, m.sections, m.sections_too, m.out_of_section)
+        obs = observe(self.watches.values())
+        factor = self._safety_factor
+        new = calculate(self._base, self.learned, obs, self.configured, ask, safety_factor=factor)
+        if new is not None and new != self.learned:
+            self.set_learned(new)
+            self._persist(new)
+            self._events.emit("timeouts_calculated", generation=self.generation, rank=m.rank,
+                              learned=new.to_json(), in_force=self.in_force())  # fmt: skip
+        self._ack(m.id, ready=new is not None, timeouts=self.learned.describe(self.configured))
+
+    def in_force(self) -> dict[str, object]:
+        t = self.timeouts
+        return {"initial_heartbeat": t.initial_heartbeat, "heartbeat": t.heartbeat,
+                "sections": dict(t.sections), "out_of_section": t.out_of_section}  # fmt: skip
 
     def _hello(self, m: schema.Hello, watch: RankWatch) -> None:
         # a rank's forked children may init the client too: only the rank's
@@ -285,7 +362,10 @@ class Monitor:
 
     def _load_timeouts(self, rank: int, raw: dict[str, object]) -> None:
         # what the daemon learned itself is fresher; the loaded state fills the gaps
-        merged = self.learned.filled_from(Learned.from_json(raw))
+        loaded = Learned.from_json(raw)
+        merged = self.learned.filled_from(loaded)
+        # what a calculation later in this generation merges with, as NVRx's EMA does
+        self._base = self._base.filled_from(loaded)
         if merged == self.learned:
             return
         self._events.emit("timeouts_restored", rank=rank, timeouts=merged.to_json())

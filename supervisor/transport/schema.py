@@ -80,6 +80,7 @@ class Section:
     op: SectionOp
     name: str | None
     iteration: int | None
+    failed: bool = False  # closed by an exception going through it: not a healthy interval
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +109,20 @@ class LoadTimeouts:
 
 
 @dataclass(frozen=True, slots=True)
+class Calculate:
+    """The workload asks for its timeouts to be calculated now (nvidia-resiliency-ext's
+    ``calculate_and_set_*_timeouts``); the daemon answers with the timeouts in force."""
+
+    rank: int
+    gen: int
+    id: str
+    heartbeat: bool
+    sections: tuple[str, ...] | None  # None: every monitored section (when sections_too)
+    sections_too: bool
+    out_of_section: bool
+
+
+@dataclass(frozen=True, slots=True)
 class WorkloadRequest:
     rank: int
     gen: int
@@ -126,6 +141,7 @@ class ExceptionReport:
     message: str
     traceback: str
     causes: tuple[tuple[str, str], ...]
+    pid: int | None = None  # a forked child (a data-loader worker) inherits the client
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +181,7 @@ RankMessage = (
     | Iteration
     | Checkpoint
     | LoadTimeouts
+    | Calculate
     | WorkloadRequest
     | ExceptionReport
     | Bye
@@ -223,7 +240,31 @@ def _decode_hello(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
 def _decode_section(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
     op = _enum(SectionOp, m.get("op"), "op")
     name = _str(m, "name", optional=op is SectionOp.CLOSE_ALL)
-    return Section(rank, gen, op, name, _opt_int(m, "iteration"))
+    return Section(rank, gen, op, name, _opt_int(m, "iteration"), _bool(m, "failed"))
+
+
+def _bool(m: dict[str, Any], key: str) -> bool:
+    value = m.get(key, False)
+    if not isinstance(value, bool):
+        raise Dropped(DropReason.MALFORMED, f"{key} must be true or false")
+    return value
+
+
+MAX_SECTIONS = 64
+
+
+def _decode_calculate(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
+    raw = m.get("sections")
+    if raw is not None and (
+        not isinstance(raw, list)
+        or len(raw) > MAX_SECTIONS
+        or not all(isinstance(x, str) and len(x) <= 256 for x in raw)
+    ):
+        raise Dropped(DropReason.MALFORMED, f"sections must be null or at most {MAX_SECTIONS} names")
+    return Calculate(
+        rank, gen, _str(m, "id", limit=64) or "", _bool(m, "heartbeat"),
+        None if raw is None else tuple(raw), _bool(m, "sections_too"), _bool(m, "out_of_section"),
+    )  # fmt: skip
 
 
 def _decode_checkpoint(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
@@ -268,6 +309,7 @@ def _decode_exception(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
         _str(m, "message", limit=4096) or "",
         _str(m, "traceback", limit=MAX_TRACEBACK) or "",
         tuple((c[0], c[1]) for c in causes),
+        _opt_int(m, "pid"),
     )
 
 
@@ -290,6 +332,7 @@ _DECODERS: dict[str, Callable[[dict[str, Any], int, int], RankMessage]] = {
     "iteration": lambda m, rank, gen: Iteration(rank, gen, _int(m, "iteration")),
     "checkpoint": _decode_checkpoint,
     "timeouts": _decode_timeouts,
+    "calculate": _decode_calculate,
     "request": _decode_request,
     "exception": _decode_exception,
     "bye": lambda m, rank, gen: Bye(rank, gen),

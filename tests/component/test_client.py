@@ -204,3 +204,26 @@ def test_an_uncaught_exception_is_reported_with_its_causes(router, tmp_path: Pat
     assert report.message == "NCCL communicator was aborted"
     assert report.causes == (("ConnectionResetError", "the peer went away"),)
     assert "Traceback (most recent call last)" in report.traceback
+    assert report.pid is not None and report.pid != os.getpid()  # the rank's own: not a child's
+
+
+def test_a_late_stack_dump_request_cannot_kill_an_exiting_rank(router, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # as the interpreter finalizes, faulthandler puts back the handler it found; were that
+    # the default one, the daemon's dump signal (a real-time signal) would kill the rank
+    # and its own exit status would be lost from the evidence
+    _, endpoint = router
+    env = dict(os.environ, RANK="0", TORCHELASTIC_RESTART_COUNT="0")
+    env[ENV_RANKS_ENDPOINT] = endpoint
+    r = _run(
+        """
+        import faulthandler, os, sys
+        from supervisor import client
+        client.init()
+        faulthandler.unregister(client.STACK_SIGNAL)  # what finalization does
+        os.kill(os.getpid(), client.STACK_SIGNAL)
+        sys.exit(7)
+        """,
+        env,
+        tmp_path,
+    )
+    assert r.returncode == 7, r.stderr

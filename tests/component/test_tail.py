@@ -4,7 +4,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from supervisor.log import STDERR, STDOUT, Console
+from supervisor.process.evidence import log_tail
 from supervisor.process.tail import MAX_LINE, LogFollower
 from tests.support import wait_until
 
@@ -100,3 +103,28 @@ def test_every_stream_written_is_flushed_when_the_queue_runs_dry(tmp_path: Path)
         wait_until(lambda: out.read_bytes() == b"last line of a rank\n", 10, "the stdout line")
     finally:
         proc.communicate(b"", timeout=10)
+
+
+def test_what_a_rank_leaves_behind_writes_after_it_exits_is_kept_apart(tmp_path: Path) -> None:
+    err = tmp_path / "err"
+    follower = LogFollower(Captured())
+    follower.follow(1, err, STDERR, show=False)
+    with err.open("ab") as e:
+        e.write(b"RuntimeError: its own last words\n")
+        e.flush()
+        offsets = follower.exited(1)  # the rank's process is gone
+        assert offsets == {err: len(b"RuntimeError: its own last words\n")}
+        e.write(b"ConnectionResetError: [Errno 104] Connection reset by peer\n")  # an orphaned worker
+        e.flush()
+    notable = follower.finish()
+    assert notable[1] == ("RuntimeError: its own last words",)
+    assert follower.after_exit[1] == ("ConnectionResetError: [Errno 104] Connection reset by peer",)
+
+
+@pytest.mark.asyncio
+async def test_a_log_tail_between_offsets(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    log.write_bytes(b"a\nb\nc\nd\n")
+    assert await log_tail(log, end=4) == ("a", "b")
+    assert await log_tail(log, start=4) == ("c", "d")
+    assert await log_tail(log, max_bytes=3, start=2) == ("d",)  # the cut line is dropped

@@ -88,8 +88,9 @@ def test_an_nccl_watchdog_line_then_death_restarts(start: Start) -> None:
     assert (reason["last_failure"]["rule"], reason["last_failure"]["generation"]) == ("N1", 0)
 
 
-def test_the_oom_killer_twice_aborts(start: Start) -> None:
-    d = start(*FAST, "--max-restarts", "5", FAILS, "--kill", "SIGKILL")
+def test_the_oom_killer_twice_without_progress_aborts(start: Start) -> None:
+    # every generation reports the same 3 iterations and is killed: no progress between kills
+    d = start(*FAST, "--max-restarts", "5", FAILS, "--kill", "SIGKILL", "--client", "--iterations", "3")
     assert d.wait() == 2, d.stderr()
     assert _decisions(d) == [("restart", "X-SIGKILL"), ("abort", "X-SIGKILL")]
     assert d.events("decision")[1]["reason"] == "repeated"

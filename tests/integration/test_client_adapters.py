@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,6 +34,12 @@ def _hangs(d: Daemon) -> list[tuple[int, int, str, str | None]]:
     return [(e["generation"], e["rank"], e["kind"], e["section"]) for e in d.events("rank_hung")]
 
 
+def _dumped_of_hung(d: Daemon) -> dict[str, Any]:
+    """The stacks of the rank declared hung (every live rank's are dumped)."""
+    hung = d.events("rank_hung")[0]
+    return next(e for e in d.events("stacks_dumped") if (e["generation"], e["rank"]) == (0, hung["rank"]))
+
+
 def _restarted_after(d: Daemon, reason: str) -> None:
     decisions = [(e["generation"], e["action"], e["reason"]) for e in d.events("decision")]
     assert decisions == [(0, "restart", reason)]
@@ -43,21 +50,26 @@ def test_an_unmodified_nvrx_script_hangs_is_dumped_and_restarted(start: Start, t
     out = tmp_path / "out"
     d = start(*FAST, "--ft-rank-section-timeouts", "init:10,step:1,checkpoint:10",
               "--ft-rank-out-of-section-timeout", "10", "--ft-rank-heartbeat-timeout", "10",
+              "--ft-learned-timeout-floor", "1",
               NVRX, "--output_dir", str(out), "--hang_rank", "0", "--hang_iter", "7")  # fmt: skip
     assert d.wait() == 0, d.stderr()
-    assert _hangs(d) == [(0, 0, "section", "step")]
-    dumped = next(e for e in d.events("stacks_dumped") if e["hung"])
+    # rank 1 (no collectives here) finished first and calculated the heartbeat timeout,
+    # which applies to the whole node at once, as NVRx's all-reduced values do: rank 0's
+    # silence or its step, whichever deadline came first
+    assert [(g, r) for g, r, _, _ in _hangs(d)] == [(0, 0)]
+    dumped = _dumped_of_hung(d)
     assert dumped["rank"] == 0 and "in training_loop" in dumped["stacks"]
     assert "in training_loop" in _log(d, 0, 0)
     _restarted_after(d, "rank_hung")
     assert not d.events("message_dropped")
-    # nothing in generation 0 may teach the daemon a timeout: `init` is only learned
-    # from a generation that loaded a checkpoint, `checkpoint` after a reported
-    # save, `step` after 16 timed steps (the hang came at 7)
+    # as in NVRx, what the script calculated (step after its first epoch, checkpoint
+    # after a save) was in force at once, and the end-of-generation rules taught
+    # nothing more (no checkpoint was loaded, and asked values are the script's)
+    calculated = {s for e in d.events("timeouts_calculated") for s in e["learned"]["sections"]}
+    assert calculated >= {"step", "checkpoint"}
     assert not d.events("timeouts_learned")
     state = json.loads((out / "ft_state.json").read_text())
-    assert state["ft_supervisor_timeouts"]["learned"]["sections"] == {}
-    assert state["current_timeouts"] == {}  # NVRx's form: nothing calculated
+    assert set(state["current_timeouts"]["section"]["calculated_sections"]) >= {"step", "checkpoint"}
 
 
 # what NVRx's RankMonitorClient.state_dict() wrote after a run under ft_launcher
@@ -85,20 +97,23 @@ def test_an_nvrx_state_file_brings_its_timeouts_to_the_daemon(start: Start, tmp_
     # the daemon keeps all it was given, and applies what is monitored here: no
     # initial-heartbeat or out-of-section timeout is configured, so those are not
     restored = d.events("timeouts_restored")
+    # NVRx's calculated values take precedence over the configuration, as in NVRx
+    asked = ["heartbeat", "initial_heartbeat", "out_of_section", "section:step"]
     assert [e["timeouts"] for e in restored] == [
-        {"initial_heartbeat": 120.0, "heartbeat": 20.0, "sections": {"step": 3.5}, "out_of_section": 25.0}
-    ]
+        {"initial_heartbeat": 120.0, "heartbeat": 20.0, "sections": {"step": 3.5}, "out_of_section": 25.0,
+         "asked": asked}
+    ]  # fmt: skip
     assert "'step': 3.5" in _log(d, 0, 1, "stdout.log")  # section_timeouts after the load
     assert not d.events("rank_hung")  # no deadline appeared for what is not monitored
-    # rank 0 rewrote the file: nothing lost, ours beside NVRx's
+    # rank 0 rewrote the file, ours beside NVRx's, after the script calculated its timeouts
+    # again (at the end of each phase): merged with the loaded ones, as NVRx's EMA does
     state = json.loads((out / "ft_state.json").read_text())
-    assert state["ft_supervisor_timeouts"]["learned"] == {
-        "initial_heartbeat": 120.0,
-        "heartbeat": 20.0,
-        "sections": {"step": 3.5},
-        "out_of_section": 25.0,
-    }
-    assert state["current_timeouts"]["heartbeat"]["subsequent"] == 20.0
+    learned = state["ft_supervisor_timeouts"]["learned"]
+    assert 10.0 <= learned["heartbeat"] < 20.0
+    assert 1.75 <= learned["sections"]["step"] < 3.5
+    assert 12.5 <= learned["out_of_section"] < 25.0
+    assert set(asked) <= set(learned["asked"])
+    assert state["current_timeouts"]["heartbeat"]["subsequent"] == learned["heartbeat"]
 
 
 @pytest.mark.parametrize(("request_", "action"), [("exclude", "reschedule"), ("shutdown", "continue")])
@@ -129,7 +144,7 @@ def test_megatron_hooks_step_times_out_after_warmup(start: Start, tmp_path: Path
               "--save-every", "8", "--eval-every", "10", "--hang-rank", "1", "--hang-iter", "20")  # fmt: skip
     assert d.wait() == 0, d.stderr()
     assert _hangs(d) == [(0, 1, "section", "step")]
-    dumped = next(e for e in d.events("stacks_dumped") if e["hung"])
+    dumped = _dumped_of_hung(d)
     assert dumped["rank"] == 1 and "megatron_style.py" in dumped["stacks"]
     _restarted_after(d, "rank_hung")
     # 18 timed steps and completed saves in generation 0: `step` and `checkpointing` learned,
@@ -161,7 +176,7 @@ def test_simulated_faults_are_detected_and_recovered(start: Start, desc: str) ->
     assert f"FT: simulating fault: {kind} on rank {rank}" in _log(d, 0, rank)
     if kind in ("rank_hung", "sleep"):
         assert _hangs(d) == [(0, rank, "heartbeat", None)]
-        dumped = next(e for e in d.events("stacks_dumped") if e["hung"])
+        dumped = _dumped_of_hung(d)
         assert dumped["rank"] == rank and "faulty.py" in dumped["stacks"]
         if kind == "sleep":  # the main thread, stuck in the fault's handler
             assert "faults.py" in dumped["stacks"] and "in handler" in dumped["stacks"]

@@ -37,7 +37,7 @@ def test_a_rank_that_stops_heartbeating_is_found_dumped_killed_and_restarted(sta
     assert hung[0]["open_for"] >= 0.5
     assert hung[0]["late_by"] < 1.0  # timers, not a coarse poll (precision: scripts/bench/hang.py)
     dumped = {e["rank"]: e for e in d.events("stacks_dumped")}
-    assert dumped[1]["hung"] and "monitored.py" in dumped[1]["stacks"]
+    assert dumped[1]["where"] == "own" and "monitored.py" in dumped[1]["stacks"]
     log = _stderr_log(d, 0, 1)
     assert "most recent call first" in log and "monitored.py" in log  # the stacks, in its own log
     decision = d.events("decision")[0]
@@ -116,7 +116,14 @@ def test_learned_timeouts_persist_across_a_restart_and_a_new_run(start: Start, t
     assert second.wait() == 0
     started = second.events("run_started")[0]["timeouts"]
     assert started["learned"]["sections"]["step"] == saved["learned"]["sections"]["step"]
-    assert started["sections"]["step"] == saved["learned"]["sections"]["step"]  # in force
+    # the configured 30 s stands: learning only raises a timeout the user set
+    assert started["sections"]["step"] == 30.0
+    # with `none` ("learn it") the learned value is in force, above the floor
+    relearn = ("--ft-rank-section-timeouts", "step:none,checkpointing:30", "--ft-learned-timeout-floor", "0.01")
+    third = start(*FAST, "--state-dir", str(state), *relearn, MONITORED, "--steps", "1")
+    assert third.wait() == 0
+    started = third.events("run_started")[0]["timeouts"]
+    assert started["sections"]["step"] == saved["learned"]["sections"]["step"]
 
 
 def _garbage_everywhere(endpoints: Path) -> None:

@@ -219,8 +219,10 @@ def test_nvrx_can_load_what_we_write() -> None:
 
 
 def test_nvrx_to_ours_keeps_only_what_was_calculated() -> None:
-    # checkpoint was calculated as None: nothing to keep
-    assert nvrx.learned_from_state(NVRX_STATE) == Learned(120.0, 20.0, {"step": 3.5}, 25.0)
+    # checkpoint was calculated as None: nothing to keep; what NVRx calculated stays
+    # calculated (it takes precedence over the configuration, as in NVRx)
+    asked = frozenset({"initial_heartbeat", "heartbeat", "section:step", "out_of_section"})
+    assert nvrx.learned_from_state(NVRX_STATE) == Learned(120.0, 20.0, {"step": 3.5}, 25.0, asked)
     configured_hb = {
         "current_timeouts": {"heartbeat": {"initial": 9.0, "subsequent": 9.0, "were_calculated": False}}
     }

@@ -58,8 +58,34 @@ def test_escalation_the_same_hardware_looking_failure_twice_reschedules() -> Non
 def test_a_rule_repeat_applies_after_its_count() -> None:
     assert decide(EV, TRANSIENT, History(), Budget(5), now=0.0).action is Action.RESTART
     assert decide(EV, TRANSIENT, _history(TRANSIENT), Budget(5), now=0.0).action is Action.RESCHEDULE
-    # "restart once, then abort": the OOM killer never loops
-    assert decide(EV, OOM, _history(OOM), Budget(5), now=0.0).action is Action.ABORT
+    # "restart once, then abort": the OOM killer never loops...
+    stuck = Evidence((FAIL,), progress=0)
+    d = decide(stuck, OOM, _history(OOM, progress=0), Budget(5), now=0.0)
+    assert (d.action, d.reason) == (Action.ABORT, Reason.REPEATED)
+    assert "without progress" in d.detail
+
+
+def test_a_failure_after_progress_is_a_new_incident_not_a_repeat() -> None:
+    # issue 11: two SIGKILLs an epoch apart aborted with restarts left
+    moved_on = Evidence((FAIL,), progress=400)
+    assert decide(moved_on, OOM, _history(OOM, progress=0), Budget(3), now=0.0).action is Action.RESTART
+    assert decide(moved_on, XID94, _history(XID94), Budget(3), now=0.0).action is Action.RESTART
+    # ...and the failure that ended a generation with progress starts the count again
+    h = _history(OOM, progress=0).add(Past(1.0, "P9", "deterministic", "P9|", progress=300))
+    assert decide(Evidence((FAIL,), progress=0), OOM, h, Budget(3), now=2.0).action is Action.RESTART
+    h = _history(OOM, progress=300)
+    assert decide(Evidence((FAIL,), progress=0), OOM, h, Budget(3), now=2.0).action is Action.ABORT
+
+
+def test_without_progress_reports_a_repeat_never_aborts() -> None:
+    # the ranks never said how far they got: a repeat cannot be told from a new incident
+    d = decide(EV, OOM, _history(OOM), Budget(5), now=0.0)
+    assert (d.action, d.reason) == (Action.RESTART, Reason.RANK_FAILED)
+    # a repeat may still send the node away: that is not the end of the job
+    assert decide(EV, TRANSIENT, _history(TRANSIENT), Budget(5), now=0.0).action is Action.RESCHEDULE
+    assert decide(EV, XID94, _history(XID94), Budget(5), now=0.0).action is Action.RESCHEDULE
+    # and the budget still bounds it: spent, a deterministic failure aborts
+    assert decide(EV, OOM, _history(OOM), Budget(1, restarts_at=(0.0,)), now=1.0).action is Action.ABORT
 
 
 def test_a_crash_loop_without_progress_aborts() -> None:

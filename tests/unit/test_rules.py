@@ -149,3 +149,26 @@ def test_the_keyword_prefilter_keeps_whole_lines_in_order() -> None:
     assert notable_lines(text) == ["RuntimeError: boom", "[rank0]: NCCL WARN socket", "last Broken pipe"]
     assert notable_lines("İİ error\nok\n") == ["İİ error"]  # a lower case that changes length
     assert not is_notable("step 12 loss 1.92 lr 3e-4")
+
+
+RESET = "ConnectionResetError: [Errno 104] Connection reset by peer"
+
+
+def test_a_rank_killed_from_outside_is_not_blamed_on_its_peer() -> None:
+    # issue 11: a forked data-loader worker printed a reset after its rank was SIGKILLed
+    killed = _failure(1, RESET, status=ExitStatus(signal=9))
+    c = classify_rank(RULES, killed)
+    assert (c.rule, c.peer) == ("X-SIGKILL", False)
+    # the same line from a rank that exited on its own does blame the peer
+    assert classify_rank(RULES, _failure(1, RESET)).rule == "D5"
+    # and a SIGKILL that was ours (the termination procedure) says nothing of the cause
+    ours = RankExit(1, 1, 101, ExitStatus(signal=9), at=1.0, at_wall=1.0, terminated=True)
+    assert classify_rank(RULES, RankFailure(exit=ours, log_tail=(RESET,))).rule == "D5"
+
+
+def test_what_reached_a_ranks_log_after_it_died_explains_only_what_nothing_else_does() -> None:
+    late = ("Traceback (most recent call last):", "RuntimeError: CUDA error: out of memory")
+    own = _failure(1, "RuntimeError: boom", after_exit=late)
+    assert classify_rank(RULES, own).rule == "P9"  # its own last words win
+    silent = _failure(1, status=ExitStatus(code=1), after_exit=late)
+    assert classify_rank(RULES, silent).rule == "C1"  # nothing else explains it

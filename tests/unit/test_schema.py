@@ -31,6 +31,20 @@ def test_every_rank_message_round_trips() -> None:
             schema.encode("request", rank=1, gen=2, action="abort", reason="bad data", id="r1"),
             schema.WorkloadRequest(1, 2, schema.Request.ABORT, "bad data", "r1"),
         ),
+        (
+            schema.encode("section", rank=1, gen=2, op="close", name="step", iteration=7, failed=True),
+            schema.Section(1, 2, schema.SectionOp.CLOSE, "step", 7, failed=True),
+        ),
+        (
+            schema.encode("calculate", rank=1, gen=2, id="c1", heartbeat=True, sections=["step"],
+                          sections_too=True, out_of_section=False),
+            schema.Calculate(1, 2, "c1", True, ("step",), True, False),
+        ),
+        (
+            schema.encode("exception", rank=1, gen=2, exc_type="E", message="m", traceback="", causes=[],
+                          pid=77),
+            schema.ExceptionReport(1, 2, "E", "m", "", (), 77),
+        ),
         (schema.encode("bye", rank=1, gen=2), schema.Bye(1, 2)),
         (schema.encode("saver", rank=1, gen=2, pid=9, id="s1"), schema.SaverReady(1, 2, 9, "s1")),
         (
@@ -60,6 +74,11 @@ def test_every_rank_message_round_trips() -> None:
         (_msg(type="checkpoint", event="lost"), DropReason.MALFORMED),
         (_msg(type="timeouts", timeouts=[1]), DropReason.MALFORMED),
         (_msg(type="hello"), DropReason.MALFORMED),
+        (_msg(type="section", op="close", name="x", failed="yes"), DropReason.MALFORMED),
+        (_msg(type="calculate", id="c", sections=["s"] * 65), DropReason.MALFORMED),
+        (_msg(type="calculate", id="c", sections="step"), DropReason.MALFORMED),
+        (_msg(type="calculate", id="c", heartbeat=1), DropReason.MALFORMED),
+        (_msg(type="calculate", heartbeat=True), DropReason.MALFORMED),
         (_msg(type="saver"), DropReason.MALFORMED),
         (_msg(type="saved", id="q", ok="yes", seconds=1), DropReason.MALFORMED),
         (_msg(type="saved", id="q", ok=True, seconds=-1), DropReason.MALFORMED),

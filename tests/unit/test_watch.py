@@ -30,7 +30,7 @@ def test_a_rank_that_said_bye_has_no_deadline_but_keeps_its_observations() -> No
     w.heartbeat(1.0)
     w.closed = True
     assert w.deadline(t) is None and w.expired(t, 1e9) is None
-    assert w.max_heartbeat_gap == 0.5
+    assert w.seen().heartbeat_gap == 0.5
 
 
 def test_no_timeouts_no_deadline() -> None:
@@ -72,8 +72,8 @@ def test_warmup_iterations_are_not_held_to_the_step_timeout() -> None:
         w.close_section("step", 10.0 * i + 9.0, t)
     w.open_section("step", 100.0)
     assert w.expired(t, 101.0) is not None
-    assert w.section_max == {}  # warm-up steps taught nothing
-    assert w.timed_steps == 0
+    assert w.seen().sections == {}  # warm-up steps taught nothing
+    assert w.seen().timed_steps == 0
 
 
 def test_warmup_pseudo_section_times_warmup_steps() -> None:
@@ -94,7 +94,7 @@ def test_out_of_section_for_a_workload_without_sections() -> None:
     d = w.deadline(t)
     assert d is not None and d.at == 11.0
     assert w.expired(t, 11.0) is not None
-    assert w.max_out_of_section == 4.0
+    assert w.seen().out_of_section == 4.0
 
 
 def test_signs_of_life_inside_a_section_do_not_touch_out_of_section_time() -> None:
@@ -118,7 +118,7 @@ def test_out_of_section_waits_for_the_first_step_when_sections_are_used() -> Non
     w.close_section("step", 52.0, t)
     d = w.deadline(t)
     assert d is not None and (d.at, d.kind) == (57.0, HangKind.OUT_OF_SECTION)
-    assert w.max_out_of_section == 1.0  # 50 -> 51
+    assert w.seen().out_of_section == 1.0  # 50 -> 51
 
 
 def test_observations_for_learning() -> None:
@@ -131,10 +131,10 @@ def test_observations_for_learning() -> None:
     w.close_section("step", 4.25, t)
     w.open_section("checkpointing", 5.0)
     w.close_all(8.0, t)
-    assert w.first_heartbeat_delay == 2.0
-    assert (w.max_heartbeat_gap, w.heartbeat_gaps) == (1.5, 2)
-    assert w.section_max == {"step": 0.25, "checkpointing": 3.0}
-    assert w.timed_steps == 1
+    assert w.seen().first_heartbeat == 2.0
+    assert (w.seen().heartbeat_gap, w.seen().heartbeat_gaps) == (1.5, 2)
+    assert w.seen().sections == {"step": 0.25, "checkpointing": 3.0}
+    assert w.seen().timed_steps == 1
 
 
 @given(

@@ -1,0 +1,167 @@
+"""Decisions on real training code nobody here wrote the way of (issue 11): the right rank,
+the right timeout, the right action.
+
+Lightning's own BoringModel with FaultToleranceCallback, a script in the style of
+PyTorch's DDP tutorial, NVRx code through the shim (null timeouts and
+calculate_and_set_*), and NVRx's own client unchanged. Each asserts the decision,
+the rank blamed, the timeouts in force afterwards, and that ``ft-supervisor
+classify`` agrees with the daemon's reason.json.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import RANKS, Daemon
+
+pytestmark = pytest.mark.torch
+
+Start = Callable[..., Daemon]
+BORING = str(RANKS / "lightning_boring.py")
+SECTIONS = ("--ft-rank-section-timeouts", "setup:120,step:3,checkpointing:60")
+
+
+def _decisions(d: Daemon) -> list[tuple[int, str, str, int | None, str | None]]:
+    return [(e["generation"], e["action"], e["reason"], e["rank"], e["rule"]) for e in d.events("decision")]
+
+
+def _reason(d: Daemon) -> dict[str, Any]:
+    run_dir = d.run_dir()
+    assert run_dir is not None
+    reason: dict[str, Any] = json.loads((run_dir / "reason.json").read_text())
+    return reason
+
+
+def _classify_agrees(d: Daemon) -> dict[str, Any]:
+    """``ft-supervisor classify RUN_DIR --json``: the same rule, rank and action as reason.json."""
+    from supervisor.postmortem.command import classify_run  # noqa: PLC0415
+
+    run_dir = d.run_dir()
+    assert run_dir is not None
+    found, problems = classify_run(run_dir)
+    assert not problems, problems
+    return found
+
+
+def test_lightning_boring_model_hang_blames_the_stuck_rank_not_its_waiting_peer(
+    start: Start, tmp_path: Path
+) -> None:
+    d = start("--nproc-per-node", "2", "--max-restarts", "1", *SECTIONS,
+              BORING, "--ckpt-dir", str(tmp_path / "ckpt"), "--fault", "hang")  # fmt: skip
+    assert d.wait(timeout=150) == 0, d.stderr()
+    # rank 0 opened the step first and waits in DDP's all-reduce: its deadline fired...
+    assert [(e["rank"], e["section"]) for e in d.events("deadline_missed")] == [(0, "step")]
+    # ...but rank 1, stuck in training_step, is the one declared hung and killed
+    hung = d.events("rank_hung")
+    assert [(e["rank"], e["blamed_by"], e["deadline_rank"]) for e in hung] == [(1, "stacks", 0)]
+    assert "rank 1: own (training_step" in hung[0]["evidence"]
+    assert [e["signal"] for e in d.events("rank_exited") if e["rank"] == 1 and e["generation"] == 0] == [
+        "SIGKILL"
+    ]
+    assert _decisions(d) == [(0, "restart", "rank_hung", 1, "HANG")]
+    assert _reason(d)["last_failure"]["rank"] == 1
+    # the hung step and the peer's wait taught nothing: step learned from healthy steps only
+    learned = d.events("timeouts_learned")
+    assert learned[0]["learned"]["sections"]["step"] < 3.0
+    assert learned[-1]["in_force"]["sections"]["step"] == 3.0  # the configured value stands
+    assert "setup" in learned[-1]["learned"]["sections"]  # generation 1 loaded last.ckpt
+    out = d.stdout()
+    assert all(f"rank {r} generation 1: finished at step 80" in out for r in (0, 1))
+    assert _classify_agrees(d)["last_failure"]["rank"] == 1
+
+
+def test_lightning_boring_model_crash_while_its_peer_waits_is_no_hang(start: Start, tmp_path: Path) -> None:
+    # rank 1 raises and takes 5 s to exit (past the 3 s step timeout): rank 0 waits in the
+    # all-reduce for a peer that already failed; that is not a new hang
+    d = start("--nproc-per-node", "2", "--max-restarts", "1", *SECTIONS,
+              BORING, "--ckpt-dir", str(tmp_path / "ckpt"), "--fault", "raise", "--slow-exit", "5")  # fmt: skip
+    assert d.wait(timeout=150) == 0, d.stderr()
+    assert not d.events("rank_hung")
+    assert [e["rank"] for e in d.events("deadline_ignored")] == [0]
+    assert not d.events("stacks_dumped")  # the exiting rank was not signalled for its stacks
+    failed = [e for e in d.events("rank_exited") if e["state"] == "failed"]
+    assert [(e["rank"], e["exit_code"], e["signal"]) for e in failed] == [(1, 1, None)]  # its own status
+    assert _decisions(d) == [(0, "restart", "rank_failed", 1, "P9")]
+    assert _classify_agrees(d)["last_failure"]["rule"] == "P9"
+
+
+def test_ddp_tutorial_two_kills_an_epoch_apart_restart_twice(start: Start, tmp_path: Path) -> None:
+    # no client, so no progress reports: a second SIGKILL after real training is not
+    # taken for a repeat, and restarts are spent as torchrun spends them
+    d = start("--nproc-per-node", "2", "--max-restarts", "3", str(RANKS / "ddp_tutorial.py"),
+              "--checkpoint", str(tmp_path / "ck.pt"), "--steps", "90", "--save-every", "15",
+              "--step-time", "0.005", "--kill-at", "20,70")  # fmt: skip
+    assert d.wait(timeout=150) == 0, d.stderr()
+    assert _decisions(d) == [
+        (0, "restart", "rank_failed", 1, "X-SIGKILL"),
+        (1, "restart", "rank_failed", 1, "X-SIGKILL"),
+    ]
+    assert "rank 1: resumed at step 60" in d.stdout()
+    assert not d.events("rank_hung")
+    assert _reason(d)["restarts_used"] == 2
+
+
+def test_nvrx_heartbeats_null_timeouts_calculated_at_once_find_a_stopped_rank(
+    start: Start, tmp_path: Path
+) -> None:
+    config = tmp_path / "ft.yaml"  # as NVRx's fault_tol_cfg_heartbeats.yaml
+    config.write_text("fault_tolerance:\n  initial_rank_heartbeat_timeout: null\n  rank_heartbeat_timeout: null\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    d = start("--nproc-per-node", "2", "--max-restarts", "1", "--ft-cfg-path", str(config),
+              "--ft-learned-timeout-floor", "2", str(RANKS / "nvrx_heartbeats.py"),
+              "--output-dir", str(out))  # fmt: skip
+    assert d.wait(timeout=150) == 0, d.stderr()
+    # nothing was enforced, and the daemon said so, until the script calculated them
+    assert d.events("heartbeats_unmonitored")
+    calculated = d.events("timeouts_calculated")[0]
+    assert calculated["in_force"]["heartbeat"] == 2.0  # at once, at the floor
+    assert "calculated HeartbeatTimeouts(initial=2.0, subsequent=2.0, were_calculated=True)" in d.stdout()
+    hung = d.events("rank_hung")
+    assert [(e["rank"], e["kind"], e["blamed_by"]) for e in hung] == [(1, "heartbeat", "stacks")]
+    assert "stopped (SIGSTOP" in hung[0]["evidence"]
+    assert hung[0]["open_for"] >= 2.0
+    assert _decisions(d) == [(0, "restart", "rank_hung", 1, "HANG")]
+    # generation 1 loaded the calculated timeouts from the checkpoint and finished
+    assert "rank 1 generation 1 starts at epoch 1: HeartbeatTimeouts(initial=2.0" in d.stdout()
+    assert "rank 1 generation 1 done" in d.stdout()
+    assert _classify_agrees(d)["last_failure"]["rank"] == 1
+
+
+def test_unchanged_nvrx_code_is_a_setup_error_that_spends_no_restart(start: Start) -> None:
+    pytest.importorskip("nvidia_resiliency_ext")
+    d = start("--nproc-per-node", "2", "--max-restarts", "3", str(RANKS / "nvrx_unchanged.py"))
+    assert d.wait(timeout=60) == 2, d.stderr()
+    [decision] = d.events("decision")
+    assert (decision["action"], decision["rule"], decision["restarts_used"]) == ("abort", "P0-NVRX", 0)
+    assert "import supervisor.client.nvrx as fault_tolerance" in decision["detail"]
+    assert _classify_agrees(d)["classification"]["rule"] == "P0-NVRX"
+
+
+def test_what_a_killed_ranks_forked_helper_says_after_its_death_decides_nothing(start: Start) -> None:
+    # its helper dies of a real "Connection reset by peer" into the rank's log, and its
+    # inherited excepthook reports it as the rank's: the rank's own SIGKILL decides
+    d = start("--nproc-per-node", "2", "--max-restarts", "1", "--preload", "none",
+              str(RANKS / "orphan_speaks.py"))  # fmt: skip
+    assert d.wait(timeout=60) == 0, d.stderr()
+    assert _decisions(d) == [(0, "restart", "rank_failed", 1, "X-SIGKILL")]
+    # the helper's report is told apart by its pid (when it arrives before the generation ends)
+    assert all(e["exc_type"] == "ConnectionResetError" for e in d.events("child_exception"))
+    assert _classify_agrees(d)["last_failure"]["rule"] == "X-SIGKILL"
+
+
+def test_a_heartbeat_timeout_the_user_set_is_never_tightened_by_learning(start: Start) -> None:
+    # issue 11: --ft-rank-heartbeat-timeout 3 with 100 ms steps learned 1 s, which then
+    # declared a rank hung while it waited for its failing peer
+    d = start("--nproc-per-node", "2", "--preload", "none", "--ft-rank-heartbeat-timeout", "3",
+              str(RANKS / "monitored.py"), "--heartbeat", "--steps", "24", "--step-time", "0.1",
+              "--checkpoint-every", "8")  # fmt: skip
+    assert d.wait(timeout=60) == 0, d.stderr()
+    [learned] = d.events("timeouts_learned")
+    assert 0.5 <= learned["learned"]["heartbeat"] < 1.5  # 5 x the longest gap (about 0.2 s)
+    assert learned["in_force"]["heartbeat"] == 3.0  # the user's value stands
