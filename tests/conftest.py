@@ -47,11 +47,20 @@ def no_leaked_processes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 @pytest.fixture
 def daemons(tmp_path: Path) -> Iterator[list[Daemon]]:
-    """Daemons started by a test; any still running at the end is killed."""
+    """Daemons started by a test; any still running at the end is killed.
+
+    Every daemon that ended on its own and left a reason file is judged again by
+    ``ft-supervisor classify``'s code, in this process (milliseconds): where the two
+    disagree, the test fails with both sides shown.
+    """
     started: list[Daemon] = []
     yield started
+    ended = [d for d in started if d.proc.poll() is not None]
     for d in started:
         d.close()
+    differ = [text for d in ended for text in d.disagreements()]
+    if differ:
+        pytest.fail("ft-supervisor classify disagrees with the daemon:\n" + "\n\n".join(differ))
 
 
 @pytest.fixture

@@ -10,7 +10,10 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from supervisor.postmortem import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 RANKS = REPO / "tests" / "fixtures" / "ranks"
@@ -60,6 +63,9 @@ class Daemon:
         self.tmp = tmp
         self.log_dir = tmp / "logs"
         self.run_id = run_id
+        self.args = list(args)
+        self.env = env
+        self.settings, self.settings_problem = self._settings()
         self.stdout_path = tmp / "daemon.stdout"
         self.stderr_path = tmp / "daemon.stderr"
         argv = [
@@ -148,6 +154,66 @@ class Daemon:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
+
+    def _settings(self) -> tuple[Settings | None, str]:
+        """The settings it ran with that its event log does not record, read from its
+        command line now, as it read them (a test may change its config file later)."""
+        from supervisor import ftconfig, policyconfig  # noqa: PLC0415
+        from supervisor.cli import build_parser  # noqa: PLC0415
+        from supervisor.postmortem import Settings  # noqa: PLC0415
+
+        environ = self.env if self.env is not None else dict(os.environ)
+        try:
+            ns = build_parser().parse_args(["run", *self.args])
+            policy = policyconfig.from_namespace(ns, environ, ftconfig.from_namespace(ns, environ))
+        except (SystemExit, ValueError) as exc:  # a bad option: the daemon refuses it too
+            return None, f"its settings cannot be read here: {exc}"
+        return Settings(rules=policy.rules, disabled=policy.disabled_plugins, policy=policy.policy,
+                        window=policy.restart_window, max_restarts=ns.max_restarts), ""  # fmt: skip
+
+    def disagreements(self) -> list[str]:
+        """Every run directory it left a reason file in, judged again in this process by
+        ``ft-supervisor classify``'s code: what that judgement and the reason file
+        disagree on, both sides shown (see ``supervisor.postmortem.agree``)."""
+        from supervisor.postmortem import disagreements, judge_run  # noqa: PLC0415
+        from supervisor.postmortem.render import render_run  # noqa: PLC0415
+
+        out = []
+        for reason_file in sorted(self.log_dir.glob("*/*/reason.json")):
+            run_dir = reason_file.parent
+            try:
+                reason = json.loads(reason_file.read_text())
+            except ValueError:
+                continue  # being written when the daemon was killed
+            verdict = judge_run(run_dir, self.settings)
+            differ = disagreements(verdict, reason)
+            if differ and self.settings_problem:
+                differ.append(self.settings_problem)
+            if differ:
+                daemon = {k: reason.get(k) for k in ("outcome", "rule", "rank", "decision", "last_failure")}
+                decisions = [
+                    {k: e.get(k) for k in ("generation", "action", "reason", "rule", "rank", "restarts_used")}
+                    for e in _decisions(run_dir)
+                ]
+                out.append(
+                    f"{run_dir}:\n" + "\n".join(f"  {d}" for d in differ)
+                    + f"\n--- ft-supervisor classify:\n{render_run(verdict)}"
+                    + f"\n--- reason.json:\n{json.dumps(daemon, indent=2)}"
+                    + "\n--- decision events:\n" + "\n".join(json.dumps(d) for d in decisions)
+                )
+        return out
+
+
+def _decisions(run_dir: Path) -> list[dict[str, Any]]:
+    found = []
+    for line in (run_dir / "events.jsonl").read_text().splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("event") == "decision":
+            found.append(event)
+    return found
 
 
 def rank_pids(daemon: Daemon, generation: int | None = None) -> list[int]:

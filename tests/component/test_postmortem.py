@@ -8,10 +8,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from supervisor.postmortem import KEEP_FIRST, KEEP_LAST, TAIL, scan
-from tests.support import RANKS, Daemon
+from supervisor.process.ports import free_port
+from tests.support import RANKS, REPO, Daemon
 
 Start = Callable[..., Daemon]
+CORPUS = REPO / "tests" / "fixtures" / "failures"
 WATCHDOG = (
     "[rank1]:[E1122 10:00:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective "
     "operation timeout: WorkNCCL(SeqNum=37, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
@@ -94,3 +98,60 @@ def test_a_big_noisy_log_keeps_a_bounded_number_of_lines(tmp_path: Path) -> None
     assert kept[0] == "step 1 WARNING: retrying after error 1"
     assert kept[-1] == "step 199999 WARNING: retrying after error 199999"
     assert len(tail) == TAIL and len(tail[-1]) <= 300_000
+
+
+def test_a_single_rank_log_is_named_by_its_rank_prefix(tmp_path: Path) -> None:
+    log = tmp_path / "stderr.log"
+    log.write_text(
+        "step 811 loss 2.3\n"
+        "[rank3]: Traceback (most recent call last):\n"
+        '[rank3]:   File "/job/train.py", line 9, in <module>\n'
+        "[rank3]: RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    )
+    out = json.loads(_cli("classify", "--json", str(log)).stdout)
+    assert (out["classification"]["rule"], out["classification"]["rank"]) == ("C2", 3)
+
+
+@pytest.mark.torch
+def test_a_torchrun_log_names_the_rank_torchrun_reports(tmp_path: Path) -> None:
+    torchrun = Path(sys.executable).parent / "torchrun"
+    ran = subprocess.run(
+        [str(torchrun), "--nproc-per-node", "2", "--max-restarts", "0", "--master-addr", "127.0.0.1",
+         "--master-port", str(free_port()), str(RANKS / "sigkilled.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert ran.returncode == 1, ran.stdout
+    assert "failed (exitcode: -9) local_rank: 1" in ran.stdout
+    log = tmp_path / "torchrun.log"
+    log.write_text(ran.stdout)
+    # named as the launcher's log, or found to be one
+    for args in (("--agent-log", str(log)), (str(log),)):
+        out = json.loads(_cli("classify", "--json", *args).stdout)
+        c = out["classification"]
+        assert (c["rule"], c["rank"], c["wrapped_by"]) == ("P6", 1, ["D4"]), out
+        assert any("Signal 9 (SIGKILL) received by PID" in line for line in c["lines"])
+    # the exit torchrun reports is rank 1's exit status: without the text rule, the signal rule sees it
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\nid = "P6"\ncategory = "oom"\nany = ["^no such line$"]\n')
+    out = json.loads(_cli("classify", "--json", "--rules", str(rules), "--agent-log", str(log)).stdout)
+    assert (out["classification"]["rule"], out["classification"]["rank"]) == ("X-SIGKILL", 1)
+
+
+def test_an_ft_launcher_hang_is_a_hang_of_the_rank_it_names() -> None:
+    out = json.loads(_cli("classify", "--json", str(CORPUS / "hang_ft_launcher_section_agent.log")).stdout)
+    c = out["classification"]
+    assert (c["rule"], c["rank"], c["category"]) == ("HANG", 1, "hang"), out
+    assert c["lines"][0].startswith("hung: rank 1: section 'step' open for 3.120 s")
+
+
+def test_a_console_of_several_ranks_names_the_rank_whose_line_explains_the_failure(tmp_path: Path) -> None:
+    log = tmp_path / "console.log"
+    log.write_text(
+        "[rank0]: step 811 loss 2.3\n"
+        "[rank2]: Traceback (most recent call last):\n"
+        "[rank2]: ZeroDivisionError: division by zero\n"
+        f"{WATCHDOG}\n"
+        "[rank0]: step 812 loss 2.2\n"
+    )
+    out = json.loads(_cli("classify", "--json", str(log)).stdout)
+    assert (out["classification"]["rule"], out["classification"]["rank"]) == ("N1", 1)
