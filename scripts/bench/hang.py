@@ -261,6 +261,13 @@ class DetectResult:
     leftovers: list[str] = field(default_factory=list)
 
 
+def noticed(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The moments deadlines were noticed: ``deadline_missed`` (the daemon then names the
+    hung rank from every rank's stacks, ``rank_hung``); older daemons only had ``rank_hung``."""
+    missed = [e for e in events if e["event"] == "deadline_missed"]
+    return missed or [e for e in events if e["event"] == "rank_hung"]
+
+
 def measure_detection(s: Settings, kind: str) -> DetectResult:
     run_dir = s.out / f"detect-{kind}"
     out = run_dir / "hang.jsonl"
@@ -285,7 +292,7 @@ def measure_detection(s: Settings, kind: str) -> DetectResult:
     r = DetectResult(kind, str(run_dir), run_problem(run, 200), s.hang_timeout, leftovers=run.leftovers)
     events = events_of(run_dir)
     r.daemon_drops = drops_seen(events)
-    hung = {e["generation"]: e for e in events if e["event"] == "rank_hung"}
+    hung = {e["generation"]: e for e in noticed(events)}
     expected = "heartbeat" if kind == "heartbeat" else "section"
     for line in read_jsonl(out):
         g = line["generation"]
@@ -461,11 +468,12 @@ def measure_restart(s: Settings, index: int) -> RestartResult:
         )
         return r
     deadline = hang["last_heartbeat"] + s.restart_heartbeat_timeout
-    daemon_deadline = hung[0]["t_wall"] - hung[0]["late_by"]
+    missed = [e for e in noticed(events) if e["generation"] == 0] or hung
+    daemon_deadline = missed[0]["t_wall"] - missed[0]["late_by"]
     stepped = max(first)
     r.deadline_to_steps_s = stepped - deadline
     r.daemon_deadline_to_steps_s = stepped - daemon_deadline
-    r.detect_s = hung[0]["t_wall"] - deadline
+    r.detect_s = missed[0]["t_wall"] - deadline
     ended = next((e for e in events if e["event"] == "generation_ended" and e["generation"] == 0), None)
     gen1 = next((e for e in events if e["event"] == "generation_started" and e["generation"] == 1), None)
     if ended is not None:
