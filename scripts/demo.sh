@@ -24,19 +24,34 @@ echo "ft-supervisor exited with $code. What happened, from the event log:"
 .venv/bin/python - "$out/logs/demo" <<'PY'
 import json, sys
 from pathlib import Path
-events = [json.loads(l) for l in next(Path(sys.argv[1]).glob("*/events.jsonl")).read_text().splitlines()]
+from supervisor.runreport.report import build
+root = Path(sys.argv[1])
+run_dir = next(root.glob("*/events.jsonl")).parent
+events = [json.loads(l) for l in (run_dir / "events.jsonl").read_text().splitlines()]
 t0 = events[0]["t_mono"]
+started = max(e["generation"] for e in events if e["event"] == "generation_started")
+shown = {
+    "generation_started": ("generation", "standby_ranks"),
+    "rank_failure_reported": ("generation", "rank"),
+    "rank_exited": ("generation", "rank", "exit_code", "signal", "state"),
+    "decision": ("generation", "action", "reason", "rank", "rule"),
+    "rank_stepping": ("generation", "rank", "iteration"),
+    "generation_ended": ("generation", "verdict", "iteration"),
+    "run_finished": ("exit_code", "restarts_used"),
+}
 for e in events:
-    if e["event"] in ("generation_started", "decision", "generation_ended", "run_finished") or (
-        e["event"] == "rank_exited" and e.get("state") == "failed"
-    ):
-        fields = {k: v for k, v in e.items() if k not in ("event", "t_wall", "t_mono", "run_id")}
-        print(f"  +{e['t_mono'] - t0:7.3f}s {e['event']:<18} {fields}")
-failed = next(e for e in events if e["event"] == "rank_exited" and e.get("state") == "failed")
-started = [e for e in events if e["event"] == "generation_started"]
-print(f"\nfrom rank {failed['rank']}'s crash to generation 1's go: "
-      f"{(started[1]['t_mono'] - failed['t_mono']) * 1000:.0f} ms (ranks already had torch imported)")
-print(f"run directory: {events[0]['run_dir']}")
+    # the next generation's standby ranks, stopped unused at the end, are no part of the story
+    if e["event"] in shown and not (e["event"] == "rank_exited" and e["generation"] > started):
+        fields = " ".join(f"{k}={e.get(k)}" for k in shown[e["event"]] if e.get(k) is not None)
+        print(f"  +{e['t_mono'] - t0:7.3f}s {e['event']:<22} {fields}")
+# the figures the run report prints, from the same ledger (supervisor/core/goodput.py)
+for _, incident in build(root).incidents:
+    print(f"\nroot cause: rank {incident.rank}, {incident.reason} [{incident.rule}]")
+    print(f"  {incident.detail}")
+    print(f"from rank {incident.rank}'s failure to every rank of the next generation stepping again: "
+          f"{incident.detection + (incident.restart or 0.0):.2f} s "
+          f"(noticed after {incident.detection:.2f} s, restart {incident.restart or 0.0:.2f} s)")
+print(f"run directory: {run_dir}")
 PY
 echo
 # where the run's time went, and a timeline page (open it in a browser)
