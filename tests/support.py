@@ -10,10 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from supervisor.postmortem import Settings
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 RANKS = REPO / "tests" / "fixtures" / "ranks"
@@ -63,9 +60,6 @@ class Daemon:
         self.tmp = tmp
         self.log_dir = tmp / "logs"
         self.run_id = run_id
-        self.args = list(args)
-        self.env = env
-        self.settings, self.settings_problem = self._settings()
         self.stdout_path = tmp / "daemon.stdout"
         self.stderr_path = tmp / "daemon.stderr"
         argv = [
@@ -155,22 +149,6 @@ class Daemon:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
 
-    def _settings(self) -> tuple[Settings | None, str]:
-        """The settings it ran with that its event log does not record, read from its
-        command line now, as it read them (a test may change its config file later)."""
-        from supervisor import ftconfig, policyconfig  # noqa: PLC0415
-        from supervisor.cli import build_parser  # noqa: PLC0415
-        from supervisor.postmortem import Settings  # noqa: PLC0415
-
-        environ = self.env if self.env is not None else dict(os.environ)
-        try:
-            ns = build_parser().parse_args(["run", *self.args])
-            policy = policyconfig.from_namespace(ns, environ, ftconfig.from_namespace(ns, environ))
-        except (SystemExit, ValueError) as exc:  # a bad option: the daemon refuses it too
-            return None, f"its settings cannot be read here: {exc}"
-        return Settings(rules=policy.rules, disabled=policy.disabled_plugins, policy=policy.policy,
-                        window=policy.restart_window, max_restarts=ns.max_restarts), ""  # fmt: skip
-
     def disagreements(self) -> list[str]:
         """Every run directory it left a reason file in, judged again in this process by
         ``ft-supervisor classify``'s code: what that judgement and the reason file
@@ -185,10 +163,9 @@ class Daemon:
                 reason = json.loads(reason_file.read_text())
             except ValueError:
                 continue  # being written when the daemon was killed
-            verdict = judge_run(run_dir, self.settings)
+            # everything it needs is in the run's own event log (run_started, plugins_loaded)
+            verdict = judge_run(run_dir)
             differ = disagreements(verdict, reason)
-            if differ and self.settings_problem:
-                differ.append(self.settings_problem)
             if differ:
                 daemon = {k: reason.get(k) for k in ("outcome", "rule", "rank", "decision", "last_failure")}
                 decisions = [

@@ -31,6 +31,7 @@ abort (MindCluster's ``recover`` and ``exit`` strategies).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from supervisor.core.classify import Classification
 from supervisor.core.evidence import Evidence, WorkloadAsk
@@ -122,6 +123,30 @@ class Policy:
     min_progress: int = 1  # ...and min_progress_iterations
     on_failure: Action = Action.RESTART  # what a restartable failure gets (a preset may change it)
     on_exhausted: Action | None = None  # None: by the failure's nature
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "max_no_progress": self.max_no_progress,
+            "min_progress": self.min_progress,
+            "on_failure": str(self.on_failure),
+            "on_exhausted": None if self.on_exhausted is None else str(self.on_exhausted),
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> Policy | None:
+        """None when ``data`` is not a policy this version wrote (an older run's log)."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            exhausted = data.get("on_exhausted")
+            return cls(
+                max_no_progress=int(data["max_no_progress"]),
+                min_progress=int(data["min_progress"]),
+                on_failure=Action(data["on_failure"]),
+                on_exhausted=None if exhausted is None else Action(exhausted),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
 
 
 _ASKS = {

@@ -120,11 +120,12 @@ def add_commands(sub: Any) -> None:
                    help="plugins not to load, comma-separated (default for a run: the run's)")  # fmt: skip
     c.add_argument("--max-restarts", type=int, default=None,
                    help=f"the restart budget (default: the run's; files: {FILES_RESTARTS} left)")  # fmt: skip
-    g = c.add_argument_group("the run's settings that its event log does not record, as for run")
+    g = c.add_argument_group("the run's policy, as for run (default for a run: what its run_started "
+                             "recorded; for files or an older run's log: run's defaults)")  # fmt: skip
     g.add_argument("--restart-window", type=float, default=None)
-    g.add_argument("--policy-preset", default="")
-    g.add_argument("--ft-max-no-progress-cycles", type=int, default=Policy().max_no_progress)
-    g.add_argument("--ft-min-progress-iterations", type=int, default=Policy().min_progress)
+    g.add_argument("--policy-preset", default=None)
+    g.add_argument("--ft-max-no-progress-cycles", type=int, default=None)
+    g.add_argument("--ft-min-progress-iterations", type=int, default=None)
     c.add_argument("--check", action="store_true",
                    help="compare each run directory with its reason.json; 1 if they disagree")  # fmt: skip
     c.add_argument("--json", action="store_true", help="machine-readable output")
@@ -167,11 +168,18 @@ def _settings(ns: argparse.Namespace) -> Settings:
         raise SystemExit(f"ft-supervisor classify: --restart-window {ns.restart_window}: must be > 0 seconds")
     if ns.max_restarts is not None and ns.max_restarts < 0:
         raise SystemExit(f"ft-supervisor classify: --max-restarts {ns.max_restarts}: must be >= 0")
-    policy = Policy(max_no_progress=ns.ft_max_no_progress_cycles, min_progress=ns.ft_min_progress_iterations)
-    try:
-        policy = apply_presets(ns.policy_preset.split(","), policy)
-    except OutcomeError as exc:
-        raise SystemExit(f"ft-supervisor classify: --policy-preset: {exc}") from None
+    given = (ns.ft_max_no_progress_cycles, ns.ft_min_progress_iterations, ns.policy_preset)
+    policy = None
+    if any(v is not None for v in given):  # any of them: the others at run's defaults
+        default = Policy()
+        policy = Policy(
+            max_no_progress=default.max_no_progress if given[0] is None else given[0],
+            min_progress=default.min_progress if given[1] is None else given[1],
+        )
+        try:
+            policy = apply_presets((ns.policy_preset or "").split(","), policy)
+        except OutcomeError as exc:
+            raise SystemExit(f"ft-supervisor classify: --policy-preset: {exc}") from None
     return Settings(_user_rules(ns), _disabled(ns), policy, ns.restart_window, ns.max_restarts)
 
 
@@ -244,7 +252,8 @@ def _classify_files(
     evidence, mixed = _gather(files, ns.dmesg, ns.agent_log, _extra(ns.rules))
     c = _named(registry.classify(evidence), mixed)
     left = FILES_RESTARTS if settings.max_restarts is None else settings.max_restarts
-    decision = decide(evidence, c, History(), Budget(left, settings.window), 0.0, policy=settings.policy)
+    policy = settings.policy or Policy()
+    decision = decide(evidence, c, History(), Budget(left, settings.window), 0.0, policy=policy)
     out = {
         "classification": c.to_json(),
         "decision": {

@@ -63,14 +63,15 @@ NOTHING = Classification("none", "request", "transient", Action.CONTINUE, summar
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """The run's settings that its event log does not record (give the ones it was
-    run with); its rule files and disabled plugins are read from the log when not given."""
+    """Settings to judge a run with instead of its own: its rule files and disabled plugins
+    (``plugins_loaded``), its policy, restart window and budget (``run_started``) are
+    read from its event log where these are not given (None)."""
 
     rules: tuple[Mapping[str, Any], ...] = ()
     disabled: tuple[str, ...] | None = None
-    policy: Policy = field(default_factory=Policy)
-    window: float | None = None
-    max_restarts: int | None = None  # None: the run's (run_started)
+    policy: Policy | None = None  # None: the run's (the defaults for an older run's log)
+    window: float | None = None  # None: the run's
+    max_restarts: int | None = None  # None: the run's
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +251,8 @@ def _budget(run: RunLog, settings: Settings, number: int, event: Event) -> Budge
     elif isinstance(used, int) and 0 <= used < len(spent):
         spent = spent[len(spent) - used :]
     limit = settings.max_restarts if settings.max_restarts is not None else run.max_restarts or 0
-    return Budget(max(0, limit), settings.window, tuple(spent))
+    window = settings.window if settings.window is not None else run.restart_window
+    return Budget(max(0, limit), window, tuple(spent))
 
 
 @dataclass
@@ -276,7 +278,7 @@ class _Judge:
             progress, self.best = _progress(g, self.best)
             evidence = evidence_of(self.run, g, progress)
             budget = _budget(self.run, self.settings, number, event)
-            policy = self.settings.policy
+            policy = self.settings.policy or self.run.policy or Policy()
             c: Classification | None = None
             if evidence.failures or evidence.unkillable:
                 c = self.registry.classify(evidence)

@@ -16,6 +16,8 @@ from typing import Any
 
 import orjson
 
+from supervisor.core.policy import Policy
+
 EVENTS = "events.jsonl"
 LINE_LIMIT = 16 << 20  # an event line is small; a stacks_dumped one can be long, never this long
 
@@ -79,6 +81,16 @@ class RunLog:
     def max_restarts(self) -> int | None:
         value = None if self.started is None else self.started.get("max_restarts")
         return value if isinstance(value, int) else None
+
+    @property
+    def policy(self) -> Policy | None:
+        """The run's policy, as its daemon recorded it (None: an older daemon did not)."""
+        return None if self.started is None else Policy.from_json(self.started.get("policy"))
+
+    @property
+    def restart_window(self) -> float | None:
+        value = None if self.started is None else self.started.get("restart_window")
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _events(path: Path) -> Iterator[Event]:

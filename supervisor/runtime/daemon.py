@@ -212,6 +212,9 @@ class Supervisor:
             standby=self.cfg.standby,
             preload=",".join(self.cfg.program.preload) or None,
             timeouts=status.timeouts(self.monitor),
+            # what `ft-supervisor classify` needs to decide again as this run decides
+            policy=self.cfg.policy.policy.to_json(),
+            restart_window=self.cfg.policy.restart_window,
         )
         if self.cfg.ft.ignored:
             self.events.emit("settings_ignored", logging.WARNING, settings=list(self.cfg.ft.ignored))

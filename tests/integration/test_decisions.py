@@ -71,6 +71,8 @@ def test_lightning_boring_model_hang_blames_the_stuck_rank_not_its_waiting_peer(
     assert learned[-1]["in_force"]["sections"]["step"] == 3.0  # the configured value stands
     assert "setup" in learned[-1]["learned"]["sections"]  # generation 1 loaded last.ckpt
     out = d.stdout()
+    # generation 1 resumed from ModelCheckpoint's last save before the hang, and finished
+    assert all(f"rank {r} generation 1: training from step 40" in out for r in (0, 1))
     assert all(f"rank {r} generation 1: finished at step 80" in out for r in (0, 1))
     assert _classify_agrees(d)["last_failure"]["rank"] == 1
 
@@ -78,8 +80,8 @@ def test_lightning_boring_model_hang_blames_the_stuck_rank_not_its_waiting_peer(
 def test_lightning_boring_model_crash_while_its_peer_waits_is_no_hang(start: Start, tmp_path: Path) -> None:
     # rank 1 raises and takes 5 s to exit (past the 3 s step timeout): rank 0 waits in the
     # all-reduce for a peer that already failed; that is not a new hang
-    d = start("--nproc-per-node", "2", "--max-restarts", "1", *SECTIONS,
-              BORING, "--ckpt-dir", str(tmp_path / "ckpt"), "--fault", "raise", "--slow-exit", "5")  # fmt: skip
+    d = start("--nproc-per-node", "2", "--max-restarts", "1", *SECTIONS, BORING,
+              "--ckpt-dir", str(tmp_path / "ckpt"), "--fault", "raise", "--slow-exit", "5")  # fmt: skip
     assert d.wait(timeout=150) == 0, d.stderr()
     assert not d.events("rank_hung")
     assert [e["rank"] for e in d.events("deadline_ignored")] == [0]
@@ -110,7 +112,9 @@ def test_nvrx_heartbeats_null_timeouts_calculated_at_once_find_a_stopped_rank(
     start: Start, tmp_path: Path
 ) -> None:
     config = tmp_path / "ft.yaml"  # as NVRx's fault_tol_cfg_heartbeats.yaml
-    config.write_text("fault_tolerance:\n  initial_rank_heartbeat_timeout: null\n  rank_heartbeat_timeout: null\n")
+    config.write_text(
+        "fault_tolerance:\n  initial_rank_heartbeat_timeout: null\n  rank_heartbeat_timeout: null\n"
+    )
     out = tmp_path / "out"
     out.mkdir()
     d = start("--nproc-per-node", "2", "--max-restarts", "1", "--ft-cfg-path", str(config),

@@ -119,7 +119,8 @@ def test_learned_timeouts_persist_across_a_restart_and_a_new_run(start: Start, t
     # the configured 30 s stands: learning only raises a timeout the user set
     assert started["sections"]["step"] == 30.0
     # with `none` ("learn it") the learned value is in force, above the floor
-    relearn = ("--ft-rank-section-timeouts", "step:none,checkpointing:30", "--ft-learned-timeout-floor", "0.01")
+    relearn = ("--ft-rank-section-timeouts", "step:none,checkpointing:30",
+               "--ft-learned-timeout-floor", "0.01")  # fmt: skip
     third = start(*FAST, "--state-dir", str(state), *relearn, MONITORED, "--steps", "1")
     assert third.wait() == 0
     started = third.events("run_started")[0]["timeouts"]

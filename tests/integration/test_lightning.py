@@ -32,36 +32,6 @@ def _learned(d: Daemon, generation: int) -> dict[str, float]:
     return sections
 
 
-def test_a_hung_step_is_found_and_training_resumes_from_the_last_checkpoint(
-    start: Start, tmp_path: Path
-) -> None:
-    flag = tmp_path / "finished"
-    d = start("--nproc-per-node", "2", "--max-restarts", "1", *SECTIONS,
-              SCRIPT, "--ckpt-dir", str(tmp_path / "ckpt"), "--max-steps", "150", "--every", "20",
-              "--hang-at", "70", "--autoresume", env=_env(flag))  # fmt: skip
-    assert d.wait(timeout=150) == 0, d.stderr()
-    out = d.stdout()
-    assert "[rank 1 gen 0] hanging in training_step at step 70" in out
-    # the step section caught it: rank 1 sleeps, rank 0 waits for it in DDP's allreduce
-    hung = d.events("rank_hung")
-    assert hung
-    assert all(
-        (e["generation"], e["kind"], e["section"], e["timeout"]) == (0, "section", "step", 3) for e in hung
-    )
-    decision = d.events("decision")[0]
-    assert (decision["action"], decision["reason"]) == ("restart", "rank_hung")
-    # generation 1 resumed from ModelCheckpoint's last save before the hang, and finished
-    for rank in (0, 1):
-        assert f"[rank {rank} gen 1] training from step 60" in out
-        assert f"[rank {rank} gen 1] finished at step 150" in out
-    # what the callback reported let the daemon learn: steps and saves in generation 0,
-    # and the checkpoint load (the setup timeout) in generation 1
-    assert {"step", "checkpointing"} <= set(_learned(d, 0))
-    assert "setup" not in _learned(d, 0)
-    assert "setup" in _learned(d, 1)
-    assert flag.exists()  # autoresume: training finished
-
-
 def test_autoresume_creates_the_finished_flag_on_success_only(start: Start, tmp_path: Path) -> None:
     work = ("--max-steps", "30", "--every", "10", "--val-every", "10", "--autoresume")
     flag = tmp_path / "ok" / "finished"
