@@ -24,7 +24,6 @@ echo "ft-supervisor exited with $code. What happened, from the event log:"
 .venv/bin/python - "$out/logs/demo" <<'PY'
 import json, sys
 from pathlib import Path
-from supervisor.runreport.report import build
 root = Path(sys.argv[1])
 run_dir = next(root.glob("*/events.jsonl")).parent
 events = [json.loads(l) for l in (run_dir / "events.jsonl").read_text().splitlines()]
@@ -44,16 +43,12 @@ for e in events:
     if e["event"] in shown and not (e["event"] == "rank_exited" and e["generation"] > started):
         fields = " ".join(f"{k}={e.get(k)}" for k in shown[e["event"]] if e.get(k) is not None)
         print(f"  +{e['t_mono'] - t0:7.3f}s {e['event']:<22} {fields}")
-# the figures the run report prints, from the same ledger (supervisor/core/goodput.py)
-for _, incident in build(root).incidents:
-    print(f"\nroot cause: rank {incident.rank}, {incident.reason} [{incident.rule}]")
-    print(f"  {incident.detail}")
-    print(f"from rank {incident.rank}'s failure to every rank of the next generation stepping again: "
-          f"{incident.detection + (incident.restart or 0.0):.2f} s "
-          f"(noticed after {incident.detection:.2f} s, restart {incident.restart or 0.0:.2f} s)")
+decision = next(e for e in events if e["event"] == "decision")
+print(f"\nthe decision names the root cause: rank {decision['rank']} [{decision['rule']}]")
 print(f"run directory: {run_dir}")
 PY
 echo
-# where the run's time went, and a timeline page (open it in a browser)
+# where the run's time went (the failure to every rank stepping again, per incident), and a
+# timeline page (open it in a browser)
 .venv/bin/ft-supervisor report "$out/logs/demo"
 exit $code

@@ -196,4 +196,11 @@ def _incidents_text(report: Report) -> str:
         )
         cause = f"{i.reason or 'no decision'}" + (f" [{i.rule}]" if i.rule else "")
         lines.append(f"       {cause}: {i.detail}" if i.detail else f"       {cause}")
+        if i.restart is not None:
+            # the figure a user cares about: the failure to every rank of the next generation stepping
+            who = "a rank" if i.rank is None else f"rank {i.rank}"
+            lines.append(
+                f"       {who} failed; every rank was stepping again {_s(i.detection + i.restart).strip()} "
+                f"later (noticed after {_s(i.detection).strip()}, restart {_s(i.restart).strip()})"
+            )
     return "\n".join(lines)

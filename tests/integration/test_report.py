@@ -22,7 +22,7 @@ from supervisor.cli import main
 from supervisor.process.sentinel import pids_with_env
 from supervisor.runreport import svg
 from supervisor.runreport.report import build
-from tests.support import LEAK_KEY, RANKS, Daemon, wait_until
+from tests.support import LEAK_KEY, RANKS, REPO, Daemon, wait_until
 
 MONITORED = str(RANKS / "monitored.py")
 
@@ -107,6 +107,11 @@ def test_the_text_summary_and_a_self_contained_page(crashed: Run, capsys: pytest
     text = capsys.readouterr().out
     assert f"{crashed.daemon_dir / 'events.jsonl'}: {len(crashed.events)} events" in text
     assert "goodput " in text and "rank_failed [X-SIGKILL]" in text and f"html: {target}" in text
+    (i,) = build(crashed.run_dir).incidents
+    _, incident = i
+    assert incident.restart is not None
+    figure = f"{incident.detection + incident.restart:.2f} s later"
+    assert f"rank 1 failed; every rank was stepping again {figure}" in text
     html = target.read_text()
     assert "<svg" in html and "<style>" in html
     assert "<script" not in html and "<link" not in html and "@import" not in html
@@ -211,3 +216,25 @@ def test_a_truncated_line_and_a_resumed_run_are_read_and_said(
     text = capsys.readouterr().out
     assert "session 2: 1 daemon run" in text and "skipped 1 line(s) that are not events" in text
     assert "no run_finished" in text and (run_dir / "report.html").is_file()
+
+
+@pytest.mark.torch
+def test_the_demos_story_names_the_root_cause_and_failure_to_stepping(
+    start: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo's run: rank 1 raises inside DDP training, rank 0 loses its peer (it may exit
+    failed first): the root cause named is rank 1's, and the one figure told is the
+    failure to every rank of the next generation stepping (issue 11: the demo once said
+    "rank 0's crash" and a go-signal latency 100x smaller than the report's restart)."""
+    d = start("--nproc-per-node", "2", "--max-restarts", "3", str(REPO / "scripts" / "train.py"),
+              "--steps", "40", "--crash-at-step", "20", "--snapshot", str(tmp_path / "snap.pt"))  # fmt: skip
+    assert d.wait(timeout=120) == 0, d.stderr()
+    assert main(["report", str(d.log_dir / "t")]) == 0
+    text = capsys.readouterr().out
+    ((_, incident),) = build(d.log_dir / "t").incidents
+    assert (incident.rank, incident.rule) == (1, "P9")
+    assert incident.restart is not None
+    stepping = max(e["t_wall"] for e in d.events("rank_stepping") if e["generation"] == 1)
+    assert incident.failed_at + incident.detection + incident.restart == pytest.approx(stepping, abs=1e-6)
+    told = incident.detection + incident.restart
+    assert f"rank 1 failed; every rank was stepping again {told:.2f} s later" in text
