@@ -37,8 +37,8 @@ import orjson
 from supervisor.client.channel import Channel
 from supervisor.client.saver import SaveCallback, Saver, SaveRequest
 from supervisor.core.learning import Learned
+from supervisor.core.topology import ENV_KEY, ENV_TIMEOUTS
 from supervisor.core.topology import ENV_RANKS_ENDPOINT as ENV_ENDPOINT
-from supervisor.core.topology import ENV_TIMEOUTS
 from supervisor.transport.schema import MAX_CAUSES, MAX_TRACEBACK, Request, encode
 
 __all__ = [
@@ -75,13 +75,15 @@ class _Client:
     def __init__(self, endpoint: str, environ: Mapping[str, str]) -> None:
         self.rank = int(environ.get("RANK", "0"))
         self.gen = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        # this rank's key: the daemon accepts messages only with it
+        self.key = environ.get(ENV_KEY, "")
         self.channel = Channel(endpoint)
         self.timeouts: dict[str, Any] = _parse_timeouts(environ.get(ENV_TIMEOUTS))
         self.monitored = frozenset(self.timeouts.get("sections") or ())
         self.iteration: int | None = None
         self.endpoint = endpoint
         self.saver: Saver | None = None
-        self._heartbeat = encode("heartbeat", rank=self.rank, gen=self.gen)
+        self._heartbeat = encode("heartbeat", rank=self.rank, gen=self.gen, k=self.key)
         stacks = self._install_stack_dump()
         self.send("hello", pid=os.getpid(), stack_signal=stacks)
         self._install_excepthook()
@@ -136,7 +138,7 @@ class _Client:
         )
 
     def send(self, kind: str, **fields: Any) -> None:
-        self.channel.send(encode(kind, rank=self.rank, gen=self.gen, **fields))
+        self.channel.send(encode(kind, rank=self.rank, gen=self.gen, k=self.key, **fields))
 
     def heartbeat(self) -> None:
         self.channel.send(self._heartbeat)
@@ -328,7 +330,7 @@ def on_save(callback: SaveCallback | None) -> bool:
     if c.saver is not None and c.saver.pid == os.getpid():
         c.saver.callback = callback
     elif callback is not None:
-        c.saver = Saver(c.endpoint, c.rank, c.gen, callback)
+        c.saver = Saver(c.endpoint, c.rank, c.gen, c.key, callback)
     return True
 
 

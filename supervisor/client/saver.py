@@ -37,12 +37,13 @@ SaveCallback = Callable[[SaveRequest], object]
 
 
 class Saver:
-    def __init__(self, endpoint: str, rank: int, gen: int, callback: SaveCallback) -> None:
+    def __init__(self, endpoint: str, rank: int, gen: int, key: str, callback: SaveCallback) -> None:
         self.callback: SaveCallback | None = callback
         self.pid = os.getpid()
         self._endpoint = endpoint
         self._rank = rank
         self._gen = gen
+        self._key = key
         self.registered = False  # the daemon acknowledged: it will ask this socket
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="ft-supervisor-saver", daemon=True)
@@ -56,7 +57,7 @@ class Saver:
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self._endpoint)
         registration = uuid.uuid4().hex[:16]
-        sock.send(encode("saver", rank=self._rank, gen=self._gen, pid=self.pid, id=registration))
+        sock.send(encode("saver", rank=self._rank, gen=self._gen, k=self._key, pid=self.pid, id=registration))
         if not sock.poll(int(REGISTER_TIMEOUT * 1000)):
             self._ready.set()  # no answer (a daemon too old or too busy): keep listening anyway
         while True:
@@ -93,6 +94,7 @@ class Saver:
             "saved",
             rank=self._rank,
             gen=self._gen,
+            k=self._key,
             id=str(message.get("id", ""))[:64],
             ok=ok,
             error=error,

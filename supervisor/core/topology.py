@@ -11,6 +11,8 @@ OMP_NUM_THREADS=1 when unset and more than one rank runs per node.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -21,6 +23,10 @@ ENV_RUN_DIR = ENV_PREFIX + "RUN_DIR"
 # a rank, so the sweeps find a generation's (or a run's) processes even after
 # they left the rank's process group, and never a stranger's.
 ENV_TOKEN = ENV_PREFIX + "TOKEN"
+# a rank's own secret: the daemon accepts its messages only with it (see ``rank_key``)
+ENV_KEY = ENV_PREFIX + "KEY"
+# the open-files limit the daemon was started with, which ranks get back (bootstrap.py)
+ENV_NOFILE = ENV_PREFIX + "NOFILE"
 # where the in-rank client sends, and the timeouts in force (JSON): how the
 # client knows which sections are monitored and what state_dict() returns
 ENV_RANKS_ENDPOINT = ENV_PREFIX + "RANKS_ENDPOINT"
@@ -65,6 +71,7 @@ class RunIdentity:
     run_dir: str
     run_token: str
     virtual_local_rank: bool = False
+    key_secret: bytes = b""  # the daemon's own: every rank's key is derived from it
 
 
 def rank_env(
@@ -106,6 +113,7 @@ def rank_env(
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
             ENV_RUN_DIR: ident.run_dir,
             ENV_TOKEN: generation_token(ident.run_token, generation),
+            ENV_KEY: rank_key(ident.key_secret, generation, slot.rank),
         }
     )
     env.update(_local_rank_env(base, slot.local_rank, ident.virtual_local_rank))
@@ -122,6 +130,13 @@ def _local_rank_env(base: Mapping[str, str], local_rank: int, virtual: bool) -> 
         raise ValueError(f"local rank {local_rank} has no device in CUDA_VISIBLE_DEVICES={visible}")
     device = devices[local_rank].strip() if devices is not None else str(local_rank)
     return {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": device}
+
+
+def rank_key(secret: bytes, generation: int, rank: int) -> str:
+    """One rank's key in one generation. Derived (HMAC) from the daemon's secret, so the
+    daemon checks any message without keeping a table, and a key tells nothing of another
+    rank's or another generation's."""
+    return hmac.new(secret, f"{generation}/{rank}".encode(), hashlib.sha256).hexdigest()[:32]
 
 
 def generation_token(run_token: str, generation: int) -> str:

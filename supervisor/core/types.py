@@ -51,6 +51,7 @@ class Reason(StrEnum):
     STOPPED = "stopped"  # this node was told to stop (a signal): it leaves the job
     RENDEZVOUS_TIMEOUT = "rendezvous_timeout"  # too few nodes came back within the join timeout
     RENDEZVOUS_LOST = "rendezvous_lost"  # the rendezvous store cannot be reached
+    SPAWN_FAILED = "spawn_failed"  # this node could not start a generation's ranks (a full disk...)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ deadline after each message and arms one timer for it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -52,6 +52,14 @@ class Timeouts:
 
     def monitors(self, section: str) -> bool:
         return section in self.sections
+
+
+Paused = Sequence[tuple[float, float]]  # intervals the daemon was stalled (monotonic)
+
+
+def _stalled_since(paused: Paused, since: float) -> float:
+    """How long the daemon was stalled after ``since``."""
+    return sum(max(0.0, end - max(start, since)) for start, end in paused)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,12 +239,17 @@ class RankWatch:
 
     # -- deadlines --------------------------------------------------------------------
 
-    def deadline(self, timeouts: Timeouts) -> Deadline | None:
-        """The earliest deadline this rank must meet next, or None."""
+    def deadline(self, timeouts: Timeouts, paused: Paused = ()) -> Deadline | None:
+        """The earliest deadline this rank must meet next, or None. ``paused``: when the
+        daemon itself was stalled (monotonic intervals): a timeout counts time the daemon
+        was awake, so a deadline moves by the stall that overlaps its interval."""
         if self.closed:
             return None
         candidates = [d for d in self._deadlines(timeouts) if d is not None]
-        return min(candidates, key=lambda d: d.at) if candidates else None
+        if not candidates:
+            return None
+        d = min(candidates, key=lambda d: d.at + _stalled_since(paused, d.since))
+        return replace(d, at=d.at + _stalled_since(paused, d.since))
 
     def _deadlines(self, t: Timeouts) -> list[Deadline | None]:
         found: list[Deadline | None] = [self._heartbeat_deadline(t), self._out_of_section_deadline(t)]
@@ -275,17 +288,17 @@ class RankWatch:
         since = self.out_of_section_since
         return Deadline(since + t.out_of_section, HangKind.OUT_OF_SECTION, since, t.out_of_section)
 
-    def expired(self, timeouts: Timeouts, now: float) -> Hang | None:
+    def expired(self, timeouts: Timeouts, now: float, paused: Paused = ()) -> Hang | None:
         """The hang, if the earliest deadline has passed by ``now``."""
-        d = self.deadline(timeouts)
+        d = self.deadline(timeouts, paused)
         if d is None or now < d.at:
             return None
         return Hang(self.rank, d.kind, d.section, d.timeout, now - d.since, now - d.at)
 
-    def current(self, timeouts: Timeouts, now: float) -> Hang:
+    def current(self, timeouts: Timeouts, now: float, paused: Paused = ()) -> Hang:
         """The interval the rank is in at ``now``, as a hang: what a rank named by the
         evidence is declared hung in, whether or not its own deadline has passed."""
-        d = self.deadline(timeouts)
+        d = self.deadline(timeouts, paused)
         if d is not None:
             return Hang(self.rank, d.kind, d.section, d.timeout, now - d.since, now - d.at)
         if self.open_sections:

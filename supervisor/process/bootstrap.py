@@ -2,11 +2,16 @@
 
 The daemon starts each rank as::
 
-    python -u .../supervisor/process/bootstrap.py BOOT_FD PARENT_PID PRELOAD FLAGS KIND TARGET [ARG...]
+    python -u .../supervisor/process/bootstrap.py BOOT_FD PARENT_PID CGROUP PRELOAD FLAGS KIND TARGET [ARG...]
 
 (by path, not ``-m``: it needs nothing but the standard library, so any
 ``PYTHON_EXEC`` interpreter can run it, installed package or not)
 
+0. Move into the generation's cgroup CGROUP (a directory; empty: none), before
+   anything else: every process this rank ever starts is then born inside it,
+   and ending the generation kills the cgroup (``supervisor.process.cgroups``).
+   A rank that cannot get in does not run: its cgroup is the guarantee that none
+   of its descendants outlives the generation.
 1. ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: the kernel kills this rank the moment the
    daemon dies, even by SIGKILL; no daemon code has to run for that.
 2. Import the PRELOAD modules (comma separated, usually ``torch``). ``import
@@ -29,8 +34,25 @@ import signal
 import sys
 
 _PR_SET_PDEATHSIG = 1
+_NOFILE_ENV = "FT_SUPERVISOR_NOFILE"  # the open-files limit the daemon was given (see daemon.py)
 # Frames that belong to the launch machinery, not to the user's program.
 _LAUNCH_FILES = frozenset({os.path.abspath(__file__), "<frozen runpy>"})
+
+
+def _join(cgroup: str) -> None:
+    if not cgroup:
+        return
+    try:
+        fd = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY)
+        try:
+            os.write(fd, b"0")  # "0": the writing process itself
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        print(
+            f"ft-supervisor: cannot enter the generation's cgroup {cgroup}: {exc.strerror}", file=sys.stderr
+        )
+        os._exit(1)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -163,9 +185,27 @@ def _run(kind: str, target: str, args: list[str]) -> None:
     _run_script(target, args)
 
 
+def _restore_descriptors() -> None:
+    """The daemon caps its own open files (connections cost it memory); a rank gets back
+    the limit the daemon was started with (data loaders may need many)."""
+    import resource  # noqa: PLC0415
+
+    soft = os.environ.pop(_NOFILE_ENV, None)
+    if soft is None or not soft.isdigit():
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = int(soft) if hard == resource.RLIM_INFINITY else min(int(soft), hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ValueError, OSError):
+        pass
+
+
 def main(argv: list[str]) -> None:
-    boot_fd, parent_pid, preload, flags, kind, target, *args = argv
+    boot_fd, parent_pid, cgroup, preload, flags, kind, target, *args = argv
+    _join(cgroup)
     _die_with_parent(int(parent_pid))
+    _restore_descriptors()
     # Set before the preload: it must import from where the program will.
     if kind != "exec":
         sys.path[0] = _path0(kind, target)

@@ -84,7 +84,7 @@ class LogFollower:
         if f.fd < 0:
             try:
                 f.fd = os.open(f.path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
+            except OSError:  # not there yet, or no descriptor left this instant: next poll
                 return
         while chunk := os.read(f.fd, READ_SIZE):
             f.consumed += len(chunk)

@@ -78,7 +78,7 @@ def seen_now(gen: Generation, monitor: Monitor, now: float) -> dict[int, Seen]:
             out[lr] = Seen(rank, gen.started_at, None, None, None)
         else:
             t = monitor.timeouts
-            own, interval = watch.expired(t, now), watch.current(t, now)
+            own, interval = watch.expired(t, now, monitor.stalls), watch.current(t, now, monitor.stalls)
             out[lr] = Seen(rank, watch.last_seen, watch.iteration, own, interval)
     return out
 

@@ -10,9 +10,9 @@ reason, is ended by the one termination procedure in
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
+import resource
 import secrets
 import signal
 import time
@@ -32,6 +32,7 @@ from supervisor.core.jobwide import NodeOutcome, PeerNews, joint, spends_budget
 from supervisor.core.learning import Learned
 from supervisor.core.states import GroupVerdict
 from supervisor.core.topology import (
+    ENV_NOFILE,
     RunIdentity,
     token_entry,
 )
@@ -52,8 +53,10 @@ from supervisor.runtime.generation import Generation
 from supervisor.runtime.hosting import Hosting
 from supervisor.runtime.judge import Judge
 from supervisor.runtime.launcher import Launcher
+from supervisor.runtime.loopwatch import LoopWatch
 from supervisor.runtime.metrics import close_metrics, refresh_metrics, start_metrics
 from supervisor.runtime.monitor import Monitor
+from supervisor.runtime.publisher import Publisher
 from supervisor.runtime.rundir import RunDir
 from supervisor.transport.endpoints import Endpoints, Sockets, bind
 
@@ -78,6 +81,7 @@ class Supervisor:
         self.logger = logger
         self.clock = Clock()
         self.token = secrets.token_hex(16)
+        self._key_secret = secrets.token_bytes(32)  # never leaves the daemon
         self._signaller = signaller or Signaller()
         self._commands: asyncio.Queue[signals.Command] = asyncio.Queue()
         self._follower = LogFollower(console)
@@ -96,7 +100,9 @@ class Supervisor:
         self.endpoints = Endpoints.create(os.getpid())
         context = zmq.asyncio.Context()
         sockets = bind(context, self.endpoints)
-        self.events.publish = lambda topic, line: _publish(sockets, topic, line)
+        self.publisher = Publisher(sockets.events)
+        self.events.publish = self.publisher.publish
+        self.loop_watch = LoopWatch(self.clock, self.events)
         self.monitor = self._make_monitor(sockets)
         self.judge = Judge(self.cfg, self.events, self.clock)
         self.hosting = Hosting(self.cfg, self.events, self.monitor, self.logger, self._signaller)
@@ -107,7 +113,7 @@ class Supervisor:
             if self.cfg.rdzv is None
             else RendezvousJob(self.cfg.rdzv, self.cfg.master_port, self.events)
         )
-        control = ControlServer(sockets.control, self._control, self.events)
+        control = ControlServer(sockets.control, self._control, self.events, self.clock)
         self._control_drops = control.drops
         self.checkpoints = CheckpointSync(self.cfg.checkpoint, self.events)  # a no-op without the options
         self.ident = RunIdentity(
@@ -117,6 +123,7 @@ class Supervisor:
             run_dir=str(self.rundir.root),
             run_token=self.token,
             virtual_local_rank=self.cfg.virtual_local_rank,
+            key_secret=self._key_secret,
         )
         self._launcher = Launcher(
             cfg=self.cfg,
@@ -151,6 +158,8 @@ class Supervisor:
                     tg.create_task(self._dispatch()),
                     tg.create_task(self._tail()),
                     tg.create_task(self.monitor.run()),
+                    tg.create_task(self.loop_watch.run()),
+                    tg.create_task(self.publisher.run()),
                     tg.create_task(control.run()),
                     tg.create_task(self.checkpoints.run()),  # the copy-back, then a sync every period
                     tg.create_task(self.hosting.run(guard.pid)),
@@ -189,6 +198,8 @@ class Supervisor:
             clock=self.clock,
             events=self.events,
             on_hang=self._on_hang,
+            secret=self._key_secret,
+            loop_watch=self.loop_watch,
             persist=lambda learned: self._persist(learned, self.monitor.generation),
             safety_factor=self.cfg.ft.safety_factor,
         )
@@ -305,13 +316,7 @@ class Supervisor:
                              outcomes=[o.to_json() for o in outcomes])  # fmt: skip
         self._completed = action is Action.CONTINUE
         if action is Action.RESTART:
-            if spends_budget(outcomes):
-                self.judge.restarted()
-                counters = [o.node_rank for o in outcomes if o.reason is not Reason.NODE_LOST]
-                if job.multi and rnd.node_rank == min(counters, default=rnd.node_rank):
-                    await job.count_restart()
-            standby = await upcoming
-            return standby or await launcher.prepare(gen.number + 1, standby=False)
+            return await self._restart(rnd, gen, outcomes, upcoming)
         await launcher.discard(upcoming)
         if action is not own.action:
             decision = rounds.adopted(action, outcomes)
@@ -370,6 +375,36 @@ class Supervisor:
         self.judge.adopt(decision, 0 if self._current is None else self._current.number)
         self.judge.report(decision, self.logger, self.rundir.root)
         return self.cfg.policy.exit_codes.of(over.action)
+
+    async def _restart(
+        self,
+        rnd: Round,
+        gen: Generation,
+        outcomes: list[NodeOutcome],
+        upcoming: asyncio.Task[Generation | None],
+    ) -> Generation | int:
+        """The job restarts: spend the budget if a failure did, then the next generation."""
+        if spends_budget(outcomes):
+            self.judge.restarted()
+            counters = [o.node_rank for o in outcomes if o.reason is not Reason.NODE_LOST]
+            if self.job.multi and rnd.node_rank == min(counters, default=rnd.node_rank):
+                await self.job.count_restart()
+        standby = await upcoming
+        try:
+            return standby or await self._launcher.prepare(gen.number + 1, standby=False)
+        except OSError as exc:
+            return await self._cannot_spawn(rnd, gen.number + 1, exc)
+
+    async def _cannot_spawn(self, rnd: Round, generation: int, exc: OSError) -> int:
+        """This node cannot start ranks (their log files: a full or failing disk): run elsewhere."""
+        self.events.emit("spawn_failed", logging.ERROR, generation=generation, error=f"{exc.strerror or exc}",
+                         path=exc.filename)  # fmt: skip
+        decision = Decision(Action.RESCHEDULE, Reason.SPAWN_FAILED,
+                            f"generation {generation}'s ranks could not be started: {exc}")  # fmt: skip
+        self.judge.adopt(decision, generation)
+        await self.job.finish(rnd, Action.RESCHEDULE, job_over=False)
+        self.judge.report(decision, self.logger, self.rundir.root)
+        return self.cfg.policy.exit_codes.of(Action.RESCHEDULE)
 
     def _sync_budget(self, rnd: Round) -> None:
         """A node that joined late takes on the restarts the job already spent."""
@@ -443,6 +478,16 @@ class Supervisor:
         return self._status()
 
     def _status(self) -> dict[str, Any]:
+        out = self._status_of_ranks()
+        refused = {f"events_{k}": v for k, v in self.publisher.refused.items()}
+        out["dropped"] = {**out.get("dropped", {}), **refused}
+        lw = self.loop_watch
+        # the daemon's own health: how late its loop ran, and for how long it was stalled
+        out["loop"] = {"worst_lag": round(lw.worst_lag, 4), "stalls": len(lw.stalls),
+                       "stalled_seconds": round(lw.stalled_total, 3)}  # fmt: skip
+        return out
+
+    def _status_of_ranks(self) -> dict[str, Any]:
         return status.build(
             run_id=self.cfg.run_id,
             run_dir=str(self.rundir.root),
@@ -491,12 +536,6 @@ class Supervisor:
         )
 
 
-def _publish(sockets: Sockets, topic: bytes, line: bytes) -> None:
-    # PUB drops for slow subscribers; the event log has everything
-    with contextlib.suppress(zmq.ZMQError):
-        sockets.events.send_multipart([topic, line], zmq.NOBLOCK)
-
-
 def _loop_factory() -> asyncio.AbstractEventLoop:
     try:
         import uvloop  # noqa: PLC0415
@@ -506,7 +545,21 @@ def _loop_factory() -> asyncio.AbstractEventLoop:
     return loop
 
 
+MAX_DESCRIPTORS = 4096  # the daemon's own open files: what bounds the connections it holds
+
+
+def _bound_descriptors() -> None:
+    """Every connection to an endpoint holds a descriptor and a few KiB: cap them by capping
+    the daemon's open files. Ranks get the original limit back (process/bootstrap.py)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft <= MAX_DESCRIPTORS:
+        return
+    os.environ[ENV_NOFILE] = str(soft)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_DESCRIPTORS, hard))
+
+
 def run_daemon(config: RunConfig) -> int:
+    _bound_descriptors()
     console = log.Console()
     console.start()
     logger = log.setup(console, config.log_level)

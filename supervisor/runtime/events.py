@@ -8,8 +8,10 @@ append costs microseconds; a thread hop would cost more and could reorder events
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,8 @@ from typing import Any
 import orjson
 
 from supervisor.runtime.clock import Clock
+
+PENDING_BYTES = 4 << 20  # kept in memory for the file while it cannot be written
 
 
 class EventLog:
@@ -31,6 +35,11 @@ class EventLog:
         # in-process readers of every event (metrics, sd_notify): called on the loop
         # with the event's name and its record; one that raises is dropped, not fatal
         self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
+        # lines the file could not take yet (a full disk), oldest first, bounded
+        self._pending: deque[bytes] = deque()
+        self._pending_bytes = 0
+        self._degraded_by: str | None = None  # why the file stopped taking lines
+        self.lost = 0  # lines dropped while degraded
 
     def emit(
         self, event: str, level: int = logging.INFO, *, quiet: tuple[str, ...] = (), **fields: Any
@@ -44,7 +53,7 @@ class EventLog:
             **fields,
         }
         line = orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS)
-        os.write(self._fd, line + b"\n")
+        self._write(line + b"\n")
         if self.publish is not None:
             self.publish(event.encode(), line)
         for listener in list(self.listeners):
@@ -57,7 +66,66 @@ class EventLog:
         shown = {k: v for k, v in fields.items() if k not in quiet} if quiet else fields
         self._logger.log(level, event, extra={"fields": shown})
 
+    def _write(self, data: bytes) -> None:
+        """Append, or keep it for later: a full or failing log filesystem degrades the
+        event log (said once, on the console and the events socket), never supervision."""
+        if self._pending:
+            self._pending_bytes += len(data)
+            self._pending.append(data)
+            self._flush()
+            return
+        try:
+            written = os.write(self._fd, data)
+        except OSError as exc:
+            written, error = 0, exc
+        else:
+            if written == len(data):
+                return
+            error = OSError(errno.ENOSPC, "short write")
+        self._pending.append(data[written:])
+        self._pending_bytes += len(data) - written
+        self._degraded(error)
+
+    def _flush(self) -> None:
+        while self._pending:
+            head = self._pending[0]
+            try:
+                written = os.write(self._fd, head)
+            except OSError:
+                break
+            self._pending_bytes -= written
+            if written < len(head):
+                self._pending[0] = head[written:]
+                break
+            self._pending.popleft()
+        while self._pending_bytes > PENDING_BYTES and len(self._pending) > 1:
+            # keep the oldest (it may be a line's written half) and the newest; drop between
+            lost = self._pending[1]
+            del self._pending[1]
+            self._pending_bytes -= len(lost)
+            self.lost += 1
+        if not self._pending and self._degraded_by is not None:
+            restored = {"event": "event_log_restored", "lost": self.lost, "error": self._degraded_by}
+            self._degraded_by = None
+            self._logger.warning("event_log_restored", extra={"fields": restored})
+            self.emit("event_log_restored", logging.WARNING, lost=self.lost)
+
+    def _degraded(self, error: OSError) -> None:
+        if self._degraded_by is not None:
+            return
+        self._degraded_by = f"{error.strerror or error}"
+        fields = {"path": str(self.path), "error": self._degraded_by, "keeping": f"{PENDING_BYTES} bytes"}
+        # not to the file it could not write: the console and live subscribers hear it
+        if self.publish is not None:
+            self.publish(b"event_log_degraded", orjson.dumps({"event": "event_log_degraded", **fields}))
+        self._logger.error("event_log_degraded", extra={"fields": fields})
+
+    @property
+    def degraded(self) -> bool:
+        return self._degraded_by is not None
+
     def close(self) -> None:
+        self._flush()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

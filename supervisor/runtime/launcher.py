@@ -1,5 +1,6 @@
 """Bringing generations to life: spawn their ranks (ahead of time, as standbys,
-when possible), release them with their go, and drop standbys nobody needs."""
+when possible) into their generation's cgroup where there are cgroups, release
+them with their go, and drop standbys nobody needs."""
 
 from __future__ import annotations
 
@@ -22,12 +23,17 @@ from supervisor.core.topology import (
     Topology,
     master_env,
     rank_env,
+    token_entry,
 )
+from supervisor.process import cgroups
+from supervisor.process.cgroups import Containment
+from supervisor.process.orphans import off_loop, sweep_generation
 from supervisor.process.spawn import spawn_rank
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller, terminate
 from supervisor.runtime.aio import first
 from supervisor.runtime.clock import Clock
+from supervisor.runtime.ending import release
 from supervisor.runtime.events import EventLog
 from supervisor.runtime.generation import Generation
 from supervisor.runtime.monitor import Monitor
@@ -64,15 +70,42 @@ class Launcher:
         self._signaller = signaller
         self._force = force
         self.topology = cfg.topology  # this node's place in the job, as of the last round
+        self._containment: Containment | None = None  # the run's, found with the first generation
+        self._containing = asyncio.Lock()
 
     async def prepare(self, number: int, *, standby: bool, topology: Topology | None = None) -> Generation:
         """Spawn a generation's ranks; they wait for their go. Until the
         rendezvous says otherwise, this node keeps the place it had last."""
         gen = Generation(number, self._clock, self._events, lambda rank: self._exited(number, rank))
         gen.topology = topology or self.topology
+        await self.containment()
         for slot in gen.topology.slots():
             await self._spawn_into(gen, slot.local_rank, standby=standby)
         return gen
+
+    async def containment(self) -> Containment:
+        """The run's containment: its cgroup, created and tried out the first time
+        (off the loop: the probe starts a process), or the fallback and why."""
+        async with self._containing:
+            if self._containment is None:
+                where = cgroups.run_cgroup(token_entry(self._ident.run_token))
+                try:
+                    found = await off_loop(lambda: cgroups.open_run(where), cgroups.PROBE_TIMEOUT + 1.0)
+                except TimeoutError:
+                    found = Containment(why=f"trying out {where} took over {cgroups.PROBE_TIMEOUT} s")
+                self._containment = found
+                self._events.emit("containment", **found.describe())
+            return self._containment
+
+    def _placement(self, number: int) -> Containment:
+        """Generation ``number``'s cgroup (once per rank: it may exist already)."""
+        assert self._containment is not None
+        try:
+            return self._containment.generation(number)
+        except OSError as exc:  # the run's cgroup works, but no more cgroups can be made
+            why = f"cannot create generation {number}'s cgroup: {exc.strerror}"
+            self._events.emit("containment", logging.WARNING, generation=number, mode="fallback", why=why)
+            return Containment(why=why)
 
     def _exited(self, generation: int, rank: int) -> Mapping[Path, int]:
         """A rank's process is gone: no deadline holds it any more (its watch's
@@ -115,9 +148,8 @@ class Launcher:
             error_file=str(files.error_file),
         )
         env.update(self._monitor_env())
-        rank = await spawn_rank(
-            self.cfg.program, slot, env, files, now=self._clock.monotonic(), standby=standby
-        )
+        rank = await spawn_rank(self.cfg.program, slot, env, files, now=self._clock.monotonic(),
+                                standby=standby, containment=self._placement(gen.number))  # fmt: skip
         gen.add(rank)
         self._start_task(gen.watch(rank), f"watch-gen{gen.number}-rank{local_rank}")
         self._events.emit(
@@ -144,7 +176,12 @@ class Launcher:
             return None
         if not all(ready.result()) or current.ended.is_set():
             return None
-        return await self.prepare(current.number + 1, standby=True, topology=current.topology)
+        try:
+            return await self.prepare(current.number + 1, standby=True, topology=current.topology)
+        except OSError as exc:  # its log files (a full disk): the next generation starts cold
+            self._events.emit("standby_failed", logging.WARNING, generation=current.number + 1,
+                              error=f"{exc.strerror or exc}", path=exc.filename)  # fmt: skip
+            return None
 
     async def launch(self, gen: Generation, master_addr: str, master_port: int) -> None:
         for lr, rank in list(gen.ranks.items()):
@@ -180,14 +217,20 @@ class Launcher:
             await self.drop(gen)
 
     async def drop(self, gen: Generation) -> None:
-        """Stop ranks that never got their go, and forget their files."""
+        """Stop ranks that never got their go, and forget their files and cgroup."""
         for rank in gen.ranks.values():
             rank.close_boot()
+        ranks = list(gen.ranks.values())
+        entry = token_entry(self._ident.run_token, gen.number)
+        # no token sweep where there is no cgroup: a standby never ran the program
+        contained = [r for r in ranks if r.containment.cgroup is not None]
         await terminate(
-            list(gen.ranks.values()),
+            ranks,
             grace=self.cfg.shutdown_timeout,
             kill_timeout=self.cfg.kill_timeout,
             force=self._force,
+            sweep=(lambda: sweep_generation(entry, contained)) if contained else None,
             signals=self._signaller,
         )
+        await release(gen, self._events, self.cfg.kill_timeout)
         self._rundir.forget_generation(gen.number)

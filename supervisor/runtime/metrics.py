@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
 PREFIX = "ft_supervisor_"
 REFRESH = 1.0  # seconds between two snapshots of the status data
+MAX_CLIENTS = 8  # scrapes served at once (each is a thread)
+CLIENT_TIMEOUT = 5.0  # seconds a client may keep a connection silent
 # how often the server looks for a shutdown request: the daemon's exit waits this long at most
 POLL = 0.1
 # a hang is declared by a timer at its deadline: milliseconds, unless the loop was starved
@@ -109,11 +111,36 @@ class Metrics:
         from prometheus_client.exposition import ThreadingWSGIServer  # noqa: PLC0415
 
         class _Quiet(WSGIRequestHandler):
+            timeout = CLIENT_TIMEOUT  # a client that stops talking gives its thread back
+
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # a scrape is not news; stderr is the console
 
+        slots = threading.BoundedSemaphore(MAX_CLIENTS)
         family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-        server_class = type("_Server", (ThreadingWSGIServer,), {"address_family": family})
+
+        class _Bounded(ThreadingWSGIServer):
+            """At most MAX_CLIENTS threads: a connection beyond them is closed at once."""
+
+            address_family = family
+
+            def process_request(self, request: Any, client_address: Any) -> None:
+                if not slots.acquire(blocking=False):
+                    self.shutdown_request(request)
+                    return
+                try:
+                    super().process_request(request, client_address)
+                except Exception:
+                    slots.release()
+                    raise
+
+            def process_request_thread(self, request: Any, client_address: Any) -> None:
+                try:
+                    super().process_request_thread(request, client_address)
+                finally:
+                    slots.release()
+
+        server_class = _Bounded
         server: WSGIServer = make_server(
             addr, port, make_wsgi_app(self.registry), server_class, handler_class=_Quiet
         )

@@ -11,24 +11,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import traceback
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
 
 from supervisor.core.learning import Calculation, Learned, calculate, observe
+from supervisor.core.topology import rank_key
 from supervisor.core.types import ReportedException
 from supervisor.core.watch import Hang, RankWatch, Timeouts
 from supervisor.runtime.clock import Clock
 from supervisor.runtime.events import EventLog
+from supervisor.runtime.loopwatch import LoopWatch
 from supervisor.transport import schema
 from supervisor.transport.schema import Dropped, DropReason
 
 DRAIN = 1000  # messages handled per wake-up before letting the loop run other work
+MAX_CATCH_UP = 100_000  # read at once before a deadline is judged (a full socket queue)
+STALLED = 0.5  # a timer this late means the loop itself was stalled (see loopwatch)
 
 
 @dataclass
@@ -48,6 +53,8 @@ class Monitor:
         clock: Clock,
         events: EventLog,
         on_hang: Callable[[Hang], None],
+        secret: bytes = b"",
+        loop_watch: LoopWatch | None = None,
         persist: Callable[[Learned], None] = lambda learned: None,
         safety_factor: float = 5.0,
     ) -> None:
@@ -61,6 +68,9 @@ class Monitor:
         self._clock = clock
         self._events = events
         self._on_hang = on_hang
+        self._secret = secret  # every rank's key derives from it (core.topology.rank_key)
+        self._loop = loop_watch  # when the daemon itself was stalled: not the ranks' time
+        self._keys: dict[int, str] = {}  # this generation's, by rank
         self._persist = persist
         self._safety_factor = safety_factor
         self._base = learned  # in force when the generation started: what a calculation merges with
@@ -100,6 +110,11 @@ class Monitor:
         self._hung = set()
         self._stepping_ranks = set()
         self._base = self.learned
+        self._keys = {}
+
+    @property
+    def stalls(self) -> Sequence[tuple[float, float]]:
+        return () if self._loop is None else self._loop.stalls
 
     def rank_gone(self, generation: int, rank: int) -> None:
         """The rank's process exited: it can miss no deadline (a clean exit outside any
@@ -154,18 +169,30 @@ class Monitor:
         finally:
             loop.remove_reader(fd)
 
+    def _drain_now(self) -> None:
+        """Read what is queued, at once and all of it (bounded by the socket's queue)."""
+        for _ in range(MAX_CATCH_UP // DRAIN):
+            if not int(self._sync.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                return
+            self._read_batch()
+
     def _drain(self) -> None:
+        if self._read_batch():
+            # more queued: no new edge will come for it, so come back on the next turn
+            asyncio.get_running_loop().call_soon(self._drain)
+
+    def _read_batch(self) -> bool:
+        """Up to DRAIN messages; True when more may be queued."""
         sock = self._sync
         for _ in range(DRAIN):
             if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                return
+                return False
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                return False
             self._receive(frames)
-        # more queued: no new edge will come for it, so come back on the next turn
-        asyncio.get_running_loop().call_soon(self._drain)
+        return True
 
     def _receive(self, frames: list[bytes]) -> None:
         self.received += 1
@@ -193,12 +220,21 @@ class Monitor:
     def _admit(self, frames: list[bytes]) -> schema.RankMessage:
         if len(frames) != 2:
             raise Dropped(DropReason.MALFORMED, f"{len(frames)} frames")
-        m = schema.decode_rank_message(frames[1])
+        m, key = schema.decode_signed(frames[1])
         if m.rank not in self._ranks:
             raise Dropped(DropReason.UNKNOWN_RANK, f"rank {m.rank}")
         if m.gen != self.generation:
             raise Dropped(DropReason.STALE_GENERATION, f"generation {m.gen}, now {self.generation}")
+        # anything of the same user can reach the socket: only the rank's own key counts
+        if key is None or not hmac.compare_digest(key, self._key(m.gen, m.rank)):
+            raise Dropped(DropReason.UNAUTHENTICATED, f"rank {m.rank}: {'a wrong' if key else 'no'} key")
         return m
+
+    def _key(self, generation: int, rank: int) -> str:
+        found = self._keys.get(rank)
+        if found is None:
+            found = self._keys[rank] = rank_key(self._secret, generation, rank)
+        return found
 
     def _drop(self, dropped: Dropped) -> None:
         self.drops[dropped.reason] += 1
@@ -255,7 +291,12 @@ class Monitor:
         if m.op is schema.SectionOp.CLOSE_ALL:
             watch.close_all(now, self.timeouts, failed=m.failed)
         elif m.name is not None and m.op is schema.SectionOp.OPEN:
-            watch.open_section(m.name, now)
+            # only what is monitored is kept: a client opens no other name, and a forged or
+            # runaway stream of names must not grow a rank's table (or status with it)
+            if self.timeouts.monitors(m.name):
+                watch.open_section(m.name, now)
+            else:
+                self._drop(Dropped(DropReason.UNMONITORED_SECTION, m.name[:64]))
         elif m.name is not None:
             watch.close_section(m.name, now, self.timeouts, failed=m.failed)
         if m.iteration is not None:
@@ -376,7 +417,7 @@ class Monitor:
     def _arm(self, rank: int, now: float) -> None:
         if rank in self._hung:
             return
-        deadline = self.watches[rank].deadline(self.timeouts)
+        deadline = self.watches[rank].deadline(self.timeouts, self.stalls)
         current = self._timers.get(rank)
         if deadline is None:
             self._cancel(rank)
@@ -387,12 +428,18 @@ class Monitor:
             self._timers[rank] = _Timer(handle, deadline.at)
 
     def _fire(self, rank: int) -> None:
-        self._timers.pop(rank, None)
+        timer = self._timers.pop(rank, None)
         watch = self.watches.get(rank)
         if watch is None or self.generation is None:
             return
         now = self._clock.monotonic()
-        hang = watch.expired(self.timeouts, now)
+        if timer is not None and now - timer.at > STALLED and self._loop is not None:
+            # the timer itself came this late: the loop did not run meanwhile (a stopped
+            # or starved daemon), whether or not its own tick has said so yet
+            self._loop.stalled(timer.at, now)
+        # what the ranks sent while the loop was away is the newest news: read it first
+        self._drain_now()
+        hang = watch.expired(self.timeouts, now, self.stalls)
         if hang is None:
             self._arm(rank, now)  # early (a heartbeat moved it): wait for the new deadline
             return

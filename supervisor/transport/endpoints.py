@@ -32,6 +32,7 @@ from supervisor.transport.schema import MAX_MESSAGE
 # messages are received, counted as oversized and dropped.
 HARD_CAP = 4 * MAX_MESSAGE
 RCV_HWM = 10_000  # queued messages per peer: bounds the daemon's memory under bursts
+HANDSHAKE_MS = 2000
 
 
 class EndpointError(RuntimeError):
@@ -67,6 +68,7 @@ class Endpoints:
         if here.exists():  # a dead daemon's leftovers under a recycled pid
             shutil.rmtree(here)
         _private_dir(here)
+        running_daemons(environ)  # and other dead daemons' (SIGKILLed ones leave theirs)
         return cls(here)
 
     @property
@@ -86,6 +88,8 @@ class Endpoints:
         return self.dir / "daemon.json"
 
     def publish_info(self, **info: Any) -> None:
+        # its start time tells this daemon from a process that later gets the same pid
+        info.setdefault("starttime", process_start(os.getpid()))
         tmp = self.info.with_suffix(".tmp")
         tmp.write_bytes(orjson.dumps(info))
         tmp.replace(self.info)
@@ -109,6 +113,9 @@ def bind(ctx: zmq.asyncio.Context, endpoints: Endpoints) -> Sockets:
     def socket(kind: int, address: str) -> zmq.asyncio.Socket:
         s = ctx.socket(kind)
         s.setsockopt(zmq.LINGER, 0)
+        # a connection that never completes ZeroMQ's handshake (raw bytes, or nothing)
+        # gives its descriptor back after this long
+        s.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
         if kind == zmq.ROUTER:
             s.setsockopt(zmq.MAXMSGSIZE, HARD_CAP)
             s.setsockopt(zmq.RCVHWM, RCV_HWM)
@@ -118,20 +125,41 @@ def bind(ctx: zmq.asyncio.Context, endpoints: Endpoints) -> Sockets:
     return Sockets(
         ranks=socket(zmq.ROUTER, endpoints.ranks),
         control=socket(zmq.ROUTER, endpoints.control),
-        events=socket(zmq.PUB, endpoints.events),
+        events=socket(zmq.XPUB, endpoints.events),
     )
 
 
+def process_start(pid: int) -> int | None:
+    """When the process started (clock ticks since boot, /proc/<pid>/stat field 22)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def running_daemons(environ: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """Daemons of this user that are alive, from their daemon.json files."""
+    """Daemons of this user that are alive, from their daemon.json files. The directory of
+    one that is gone (a SIGKILLed daemon leaves it) is removed; one whose pid now names
+    another process is skipped."""
     found = []
     base = base_dir(environ)
     for info in sorted(base.glob("*/daemon.json")):
         try:
             data = orjson.loads(info.read_bytes())
-            os.kill(int(data["pid"]), 0)
+            pid = int(data["pid"])
         except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
             continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(info.parent, ignore_errors=True)
+            continue
+        except OSError:
+            continue
+        started = data.get("starttime")
+        if isinstance(started, int) and started != process_start(pid):
+            continue  # the pid was recycled: not our daemon (it may be another namespace's)
         data["dir"] = str(info.parent)
         found.append(data)
     return found

@@ -1,9 +1,10 @@
 """The wire format: versioned JSON objects (orjson), never pickles.
 
-Every message a rank sends carries ``v`` (the schema version), ``type``, ``rank``
-and ``gen`` (its generation)::
+Every message a rank sends carries ``v`` (the schema version), ``type``, ``rank``,
+``gen`` (its generation) and ``k`` (the rank's key, ``FT_SUPERVISOR_KEY``: the daemon
+drops what does not carry the key of the rank and generation it claims)::
 
-    {"v": 1, "type": "heartbeat", "rank": 3, "gen": 0}
+    {"v": 1, "type": "heartbeat", "rank": 3, "gen": 0, "k": "9f0c..."}
     {"v": 1, "type": "section", "rank": 3, "gen": 0, "op": "open", "name": "step", "iteration": 12}
 
 Decoding checks everything and raises ``Dropped`` naming the reason; the daemon
@@ -34,6 +35,8 @@ class DropReason(StrEnum):
     UNKNOWN_TYPE = "unknown_type"
     STALE_GENERATION = "stale_generation"
     UNKNOWN_RANK = "unknown_rank"
+    UNAUTHENTICATED = "unauthenticated"  # without the rank's key (FT_SUPERVISOR_KEY)
+    UNMONITORED_SECTION = "unmonitored_section"  # a section the configuration does not name
 
 
 class Dropped(ValueError):
@@ -344,13 +347,19 @@ _DECODERS: dict[str, Callable[[dict[str, Any], int, int], RankMessage]] = {
 
 
 def decode_rank_message(payload: bytes) -> RankMessage:
+    return decode_signed(payload)[0]
+
+
+def decode_signed(payload: bytes) -> tuple[RankMessage, str | None]:
+    """The message and the key it carries (``k``: the sending rank's, or None)."""
     m = _envelope(payload)
     kind = m.get("type")
     decoder = _DECODERS.get(kind) if isinstance(kind, str) else None
     if decoder is None:
         raise Dropped(DropReason.UNKNOWN_TYPE, f"type={kind!r}")
     message: RankMessage = decoder(m, _int(m, "rank"), _int(m, "gen"))
-    return message
+    key = m.get("k")
+    return message, key if isinstance(key, str) else None
 
 
 def encode(kind: str, **fields: Any) -> bytes:

@@ -1,0 +1,352 @@
+"""Nothing a same-user client, a bad file or a full disk does may stop supervision (issue 12):
+real daemons, real ranks, real sockets, a real tmpfs filled to the brim."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+import zmq
+
+from supervisor.transport.endpoints import running_daemons
+from tests.support import RANKS, Daemon, rank_pids, wait_until
+
+Start = Callable[..., Daemon]
+MONITORED = str(RANKS / "monitored.py")
+BEHAVE = str(RANKS / "behave.py")
+FAST = ("--nproc-per-node", "2", "--preload", "none")
+
+
+def _endpoints(d: Daemon) -> Path:
+    return Path(wait_until(lambda: next((i["dir"] for i in running_daemons() if i["pid"] == d.pid), None),
+                           30, "the daemon's endpoints"))  # fmt: skip
+
+
+def _status(pid: int) -> dict[str, object]:
+    r = subprocess.run([sys.executable, "-m", "supervisor", "status", "--json", "--pid", str(pid)],
+                       capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    data: dict[str, object] = json.loads(r.stdout)
+    return data
+
+
+@pytest.fixture
+def forger() -> Iterator[Callable[[Path], zmq.Socket[bytes]]]:
+    ctx = zmq.Context()
+    made: list[zmq.Socket[bytes]] = []
+
+    def connect(endpoints: Path) -> zmq.Socket[bytes]:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"ipc://{endpoints / 'ranks.sock'}")
+        made.append(sock)
+        return sock
+
+    yield connect
+    for sock in made:
+        sock.close()
+    ctx.term()
+
+
+def test_forged_rank_messages_are_dropped_without_the_ranks_key(start: Start, forger) -> None:  # type: ignore[no-untyped-def]
+    # issue 12: a forged abort turned a SIGKILL with restarts left into an abort, forged
+    # heartbeats kept a stopped rank "alive", a forged timeout of 1e308 s switched detection off
+    d = start(*FAST, "--max-restarts", "3", "--ft-rank-heartbeat-timeout", "1.5", MONITORED, "--heartbeat",
+              "--iterations", "--steps", "100000", "--step-time", "0.05")  # fmt: skip
+    d.wait_event("rank_stepping", count=2)  # heartbeats are held to their timeout from the first on
+    sock = forger(_endpoints(d))
+    wrong = "0" * 32
+    for key in (None, wrong):
+        signed = {} if key is None else {"k": key}
+        sock.send(orjson.dumps({"v": 1, "type": "request", "rank": 1, "gen": 0, "action": "abort",
+                                "reason": "forged", "id": "f1", **signed}))  # fmt: skip
+        sock.send(orjson.dumps({"v": 1, "type": "timeouts", "rank": 1, "gen": 0,
+                                "timeouts": {"heartbeat": 1e308}, **signed}))  # fmt: skip
+    os.kill(rank_pids(d, 0)[1], signal.SIGSTOP)
+
+    def forge() -> bool:
+        sock.send(orjson.dumps({"v": 1, "type": "heartbeat", "rank": 1, "gen": 0, "k": wrong}))
+        time.sleep(0.05)  # the forger's cadence: "signs of life" 20 times a second
+        return bool(d.events("rank_hung"))
+
+    wait_until(forge, 30, "the stopped rank to be found despite forged heartbeats")
+    hung = d.events("rank_hung")
+    assert hung[0]["rank"] == 1
+    decision = d.wait_event("decision")[0]
+    assert (decision["action"], decision["reason"]) == ("restart", "rank_hung")  # not the forged abort
+    assert not d.events("workload_request") and not d.events("timeouts_restored")
+    dropped = _status(d.pid)["dropped"]
+    assert dropped["unauthenticated"] >= 5  # type: ignore[index]
+    d.signal(signal.SIGTERM)
+    assert d.wait() == 128 + signal.SIGTERM
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_log_filesystem_degrades_the_event_log_not_supervision(
+    tmp_path: Path, daemons: list[Daemon]
+) -> None:
+    # issue 12: OSError ENOSPC in events.emit killed the daemon (exit 1)
+    home = tmp_path / "d"
+    logs = home / "logs"
+    logs.mkdir(parents=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(logs)], check=False).returncode:
+        pytest.skip("no tmpfs can be mounted here")
+    try:
+        # generation 0: rank 1 kills itself after 3 s; generation 1: both ranks end well after 3 s
+        d = Daemon(home, (*FAST, "--max-restarts", "2", BEHAVE, "--sleep", "3", "--fail-rank", "1",
+                          "--fail-generations", "0", "--kill-self", "SIGKILL"))  # fmt: skip
+        daemons.append(d)
+        d.wait_event("rank_spawned", where=lambda e: e["generation"] == 1, count=2)  # the standbys
+        filler = logs / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+        try:
+            with pytest.raises(OSError, match="No space left"):
+                while True:  # to the last block
+                    os.write(fd, b"\0" * 65536)
+        finally:
+            os.close(fd)
+        wait_until(lambda: "event_log_degraded" in d.stderr(), 30, "the daemon to say its log is degraded")
+        wait_until(lambda: "generation_started generation=1" in d.stderr(), 30, "the restart")
+        filler.unlink()
+        assert d.wait(timeout=60) == 0, d.stderr()
+        assert d.stderr().count("event_log_degraded") == 1  # said once
+        names = [e["event"] for e in d.events()]
+        # what could not be written at the time was kept and written once there was room
+        assert "decision" in names and "event_log_restored" in names
+        assert names.index("decision") < names.index("event_log_restored")
+    finally:
+        subprocess.run(["umount", "-l", str(logs)], check=False)
+
+
+FLOOD = """
+import sys, zmq
+ctx = zmq.Context()
+s = ctx.socket(zmq.DEALER)
+s.setsockopt(zmq.LINGER, 0)
+s.setsockopt(zmq.SNDHWM, 0)
+s.connect(sys.argv[1])
+request = b'{"v": 1, "type": "status", "id": "f"}'
+while True:
+    s.send_multipart([b"", request])  # as a REQ would frame it, never waiting for the reply
+    while s.poll(0):
+        s.recv_multipart()
+"""
+
+
+def test_a_flood_of_control_requests_cannot_starve_supervision(start: Start, tmp_path: Path) -> None:
+    # issue 12: 200,000 status requests delayed a SIGKILLed rank's exit by 14 s, a SIGTERM by 12 s
+    d = start(*FAST, "--max-restarts", "1", "--ft-rank-heartbeat-timeout", "5", MONITORED, "--heartbeat",
+              "--iterations", "--steps", "100000", "--step-time", "0.05")  # fmt: skip
+    d.wait_event("rank_stepping", count=2)
+    control = f"ipc://{_endpoints(d) / 'control.sock'}"
+    flood = subprocess.Popen([sys.executable, "-c", FLOOD, control])
+    try:
+        wait_until(lambda: d.events("control_dropped"), 30, "the flood to be refused as busy")
+        victim = rank_pids(d, 0)[1]
+        killed = time.time()
+        os.kill(victim, signal.SIGKILL)
+        exited = d.wait_event("rank_exited", where=lambda e: e["pid"] == victim)[0]
+        assert exited["t_wall"] - killed < 2.0  # noticed while the flood goes on
+        d.wait_event("generation_started", where=lambda e: e["generation"] == 1)
+        assert [e["reason"] for e in d.events("control_dropped")] == ["busy"]
+        stopped = time.monotonic()
+        d.signal(signal.SIGTERM)
+        assert d.wait(timeout=30) == 128 + signal.SIGTERM
+        assert time.monotonic() - stopped < 10.0
+    finally:
+        flood.kill()
+        flood.wait(10)
+
+
+def test_time_the_daemon_was_stopped_is_not_charged_to_the_ranks(start: Start) -> None:
+    # issue 12: SIGSTOP of the daemon for 10 s with a 2 s heartbeat timeout killed a healthy rank
+    d = start(*FAST, "--max-restarts", "1", "--ft-rank-heartbeat-timeout", "1.5", MONITORED, "--heartbeat",
+              "--iterations", "--steps", "100000", "--step-time", "0.05")  # fmt: skip
+    d.wait_event("rank_stepping", count=2)
+    d.signal(signal.SIGSTOP)
+    try:
+        time.sleep(4.0)  # the fault injected: the daemon stopped 4 s (its length, not a synchronisation)
+    finally:
+        d.signal(signal.SIGCONT)
+    stall = d.wait_event("daemon_stalled")[0]
+    assert stall["seconds"] >= 3.5
+    # healthy ranks, still beating: no hang now, and a real one is still found afterwards
+    os.kill(rank_pids(d, 0)[1], signal.SIGSTOP)
+    hung = d.wait_event("rank_hung", timeout=30)
+    assert [e["rank"] for e in hung] == [1]
+    assert len(d.events("deadline_missed")) == 1
+    d.wait_event("generation_started", where=lambda e: e["generation"] == 1)
+    d.signal(signal.SIGTERM)
+    assert d.wait(timeout=30) == 128 + signal.SIGTERM
+
+
+def _threads(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError("no Threads line")
+
+
+def _closed(s: socket.socket) -> bool:
+    try:
+        return s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+
+
+def test_slow_metrics_clients_cannot_pile_up_threads(start: Start) -> None:
+    # issue 12: the metrics endpoint opened one thread per connection, with no timeout (366 threads)
+    pytest.importorskip("prometheus_client")
+    d = start(*FAST, "--metrics-port", "0", BEHAVE, "--forever")
+    port = int(d.wait_event("metrics_serving")[0]["port"])
+    before = _threads(d.pid)
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]  # never send a request
+    try:
+        # beyond MAX_CLIENTS (8) at once, a connection is closed at once, not given a thread
+        wait_until(lambda: sum(map(_closed, idle)) >= 90, 30, "the connections beyond 8 to be closed")
+        assert _threads(d.pid) <= before + 8
+        # idle clients time out and give their threads back; a scrape gets through then
+        def scraped() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    return b"ft_supervisor_" in r.read()
+            except OSError:
+                return False
+        wait_until(scraped, 30, "a scrape to be served")
+    finally:
+        for s in idle:
+            s.close()
+    d.signal(signal.SIGTERM)
+    assert d.wait(timeout=30) == 128 + signal.SIGTERM
+
+
+def test_a_stale_endpoint_directory_is_not_taken_for_a_daemon(tmp_path: Path) -> None:
+    # issue 12: a SIGKILLed daemon left its directory; a daemon.json whose pid is now another
+    # process made `status` fail
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+    base = tmp_path / "ft-supervisor"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    impostor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for pid, started in ((dead.pid, 1), (impostor.pid, 1)):  # start times that are not theirs
+            here = base / str(pid)
+            here.mkdir(parents=True, mode=0o700)
+            (here / "daemon.json").write_text(json.dumps({"pid": pid, "run_id": "old", "starttime": started}))
+        assert running_daemons(env) == []
+        assert not (base / str(dead.pid)).exists()  # the dead one's directory is gone
+        assert (base / str(impostor.pid)).exists()  # another process's pid: left alone
+        r = subprocess.run([sys.executable, "-m", "supervisor", "status"], env=env, capture_output=True,
+                           text=True, timeout=30, check=False)  # fmt: skip
+        assert r.returncode != 0 and "Traceback" not in r.stderr and "no" in r.stderr.lower()
+    finally:
+        impostor.kill()
+        impostor.wait(10)
+
+
+def test_a_rank_cannot_grow_its_sections_or_the_status_without_bound(start: Start) -> None:
+    # issue 12: 20,000 section names made `status` time out, its reply 4.5 MB
+    d = start(*FAST, "--ft-rank-section-timeouts", "step:30", str(RANKS / "many_sections.py"))
+    wait_until(lambda: d.stdout().count("opened 20000") == 2, 60, "both ranks to open their names")
+    # what the ranks' send queues let through (they drop rather than block) is refused
+    wait_until(lambda: _status(d.pid)["dropped"].get("unmonitored_section", 0) >= 10_000, 30,  # type: ignore[attr-defined]
+               "the names to be refused")  # fmt: skip
+    reply = subprocess.run([sys.executable, "-m", "supervisor", "status", "--json", "--pid", str(d.pid)],
+                           capture_output=True, timeout=30, check=True).stdout  # fmt: skip
+    assert len(reply) < 20_000
+    assert all(not r["sections"] for r in json.loads(reply)["ranks"])
+    d.signal(signal.SIGTERM)
+    assert d.wait(timeout=30) == 128 + signal.SIGTERM
+
+
+def test_subscriptions_to_the_events_socket_are_bounded(start: Start) -> None:
+    # issue 12: 100,000 distinct topics took the daemon from 37 MB to 3.45 GB
+    d = start(*FAST, BEHAVE, "--forever")
+    d.wait_event("generation_started")
+    events = f"ipc://{_endpoints(d) / 'events.sock'}"
+    ctx = zmq.Context()
+    try:
+        greedy = ctx.socket(zmq.XSUB)  # subscriptions as messages: none held back by a queue limit
+        greedy.setsockopt(zmq.LINGER, 0)
+        greedy.setsockopt(zmq.SNDHWM, 0)
+        greedy.connect(events)
+        for i in range(100_000):
+            greedy.send(b"\x01" + f"topic-{i}".encode())
+        wait_until(lambda: _status(d.pid)["dropped"].get("events_too_many_topics", 0) >= 99_000, 60,  # type: ignore[attr-defined]
+                   "the topics beyond the bound to be refused")  # fmt: skip
+        rss_kb = int(next(ln for ln in Path(f"/proc/{d.pid}/status").read_text().splitlines()
+                          if ln.startswith("VmRSS")).split()[1])  # fmt: skip
+        assert rss_kb < 80_000
+        # a subscriber to everything still hears the daemon
+        listener = ctx.socket(zmq.SUB)
+        listener.setsockopt(zmq.LINGER, 0)
+        listener.setsockopt(zmq.SUBSCRIBE, b"")
+        listener.connect(events)
+
+        def heard() -> bool:
+            d.signal(signal.SIGUSR1)  # asks the daemon for a status event
+            return bool(listener.poll(200)) and listener.recv_multipart()[0] == b"status"
+
+        wait_until(heard, 30, "the status event on the events socket")
+        greedy.close()
+        listener.close()
+    finally:
+        ctx.term()
+    d.signal(signal.SIGTERM)
+    assert d.wait(timeout=30) == 128 + signal.SIGTERM
+
+
+def _max_open(pid: int) -> int:
+    line = next(ln for ln in Path(f"/proc/{pid}/limits").read_text().splitlines() if "open files" in ln)
+    return int(line.split()[3])
+
+
+def _rss_kb(pid: int) -> int:
+    return int(next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if ln.startswith("VmRSS")).split()[1])  # fmt: skip
+
+
+def test_a_flood_of_raw_connections_is_bounded_and_supervision_goes_on(start: Start) -> None:
+    # issue 12: 40k connections on ranks.sock took RSS from 37 to 113 MB, not levelling off
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < 6000:
+        pytest.skip(f"this test process may open {soft} files; it needs 6000")
+    d = start(*FAST, "--max-restarts", "1", BEHAVE, "--forever")
+    d.wait_event("generation_started")
+    ranks_sock = str(_endpoints(d) / "ranks.sock")
+    before = _rss_kb(d.pid)
+    flood: list[socket.socket] = []
+    try:
+        for _ in range(6000):  # beyond the daemon's 4096 descriptors: the excess waits or fails
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            with contextlib.suppress(BlockingIOError, ConnectionRefusedError):
+                s.connect(ranks_sock)
+            flood.append(s)
+        assert _rss_kb(d.pid) - before < 40_000
+        # a rank's death is still noticed, and the raw connections are let go (handshake timeout)
+        victim = rank_pids(d, 0)[1]
+        os.kill(victim, signal.SIGKILL)
+        d.wait_event("rank_exited", where=lambda e: e["pid"] == victim)
+        d.wait_event("generation_started", where=lambda e: e["generation"] == 1)
+        wait_until(lambda: len(os.listdir(f"/proc/{d.pid}/fd")) < 200, 10, "raw connections to be dropped")
+        assert _rss_kb(d.pid) - before < 40_000
+        # what bounds them: the daemon holds at most 4096 descriptors; its ranks got theirs back
+        assert _max_open(d.pid) == 4096
+        assert _max_open(rank_pids(d, 1)[0]) == soft
+    finally:
+        for s in flood:
+            s.close()
+    d.signal(signal.SIGTERM)
+    assert d.wait(timeout=30) == 128 + signal.SIGTERM
