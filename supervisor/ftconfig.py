@@ -18,11 +18,13 @@ import argparse
 import math
 import re
 import signal
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from supervisor import configfile
 from supervisor.core.watch import Timeouts
 
 
@@ -225,48 +227,53 @@ class FtConfig:
         )
 
 
+def _shown(value: object, limit: int = 80) -> str:
+    """``value`` as an error quotes it: one from a file may be a megabyte long."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
 def _check(where: str, key: str, value: object) -> Any:
     spec = KEYS[key]
     try:
         return spec.parse(value)
     except (ValueError, TypeError, KeyError, OverflowError):
-        raise FtConfigError(f"{where} {value!r}: expected {spec.form}") from None
+        raise FtConfigError(f"{where} {_shown(value)}: expected {spec.form}") from None
 
 
 def _find_section(doc: object) -> Mapping[str, Any] | None:
-    """The first ``fault_tolerance`` mapping anywhere in a document (breadth first)."""
-    queue = [doc]
+    """The first ``fault_tolerance`` mapping anywhere in a document (breadth first).
+
+    Each container is looked at once: a document that holds itself, or the same
+    list a billion times over, is walked in time linear in its distinct parts
+    (``configfile`` refuses such documents already; this does not rely on it).
+    """
+    queue: deque[object] = deque([doc])
+    seen: set[int] = set()
     while queue:
-        node = queue.pop(0)
+        node = queue.popleft()
+        if not isinstance(node, Mapping | list) or id(node) in seen:
+            continue
+        seen.add(id(node))
         if isinstance(node, Mapping):
             ft = node.get("fault_tolerance")
             if isinstance(ft, Mapping):
                 return ft
             queue.extend(node.values())
-        elif isinstance(node, list):
+        else:
             queue.extend(node)
     return None
 
 
 def read_file(path: Path) -> Mapping[str, Any]:
+    """The ``fault_tolerance`` section of a YAML or TOML file, read within
+    ``configfile``'s bounds; every problem is an ``FtConfigError`` of one line."""
     try:
-        text = path.read_text()
+        doc = configfile.read(path, "toml" if path.suffix == ".toml" else "yaml")
     except OSError as exc:
-        raise FtConfigError(f"config file {path}: {exc.strerror}") from None
-    if path.suffix == ".toml":
-        import tomllib  # noqa: PLC0415
-
-        try:
-            doc: object = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise FtConfigError(f"config file {path}: not valid TOML: {exc}") from None
-    else:
-        import yaml  # noqa: PLC0415 - only when a YAML file is given
-
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise FtConfigError(f"config file {path}: not valid YAML: {exc}") from None
+        raise FtConfigError(f"config file {path}: {exc.strerror or exc}") from None
+    except configfile.ConfigFileError as exc:
+        raise FtConfigError(f"config file {path}: {exc}") from None
     section = _find_section(doc)
     if section is None:
         raise FtConfigError(f"config file {path}: no 'fault_tolerance' section")
@@ -277,8 +284,9 @@ def env_settings(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: environ[f"FT_{k.upper()}"] for k in (*KEYS, *IGNORED) if f"FT_{k.upper()}" in environ}
 
 
-def _normalise(key: str) -> str:
-    return key.strip().replace("-", "_").lower()
+def _normalise(key: object) -> str:
+    # str(): a YAML key may be a number, a date or null
+    return str(key).strip().replace("-", "_").lower()
 
 
 def load(

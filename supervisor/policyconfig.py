@@ -9,12 +9,12 @@ command line wins. Every problem raises ``PolicyConfigError`` naming the option.
 from __future__ import annotations
 
 import argparse
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from supervisor import configfile
 from supervisor.core.outcome import PRESETS, ExitCodes, OutcomeError, apply_presets
 from supervisor.core.policy import Policy
 from supervisor.core.rules import RuleError, compile_rules
@@ -88,22 +88,14 @@ def _number(option: str, value: Any, kind: type[int] | type[float]) -> Any:
 
 
 def load_rules_file(path: str) -> list[Mapping[str, Any]]:
+    """The rules in a TOML (or, by its suffix, YAML) file, read within ``configfile``'s bounds."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        doc = configfile.read(p, "yaml" if p.suffix in (".yaml", ".yml") else "toml")
     except OSError as exc:
         raise PolicyConfigError(f"--rules {path}: cannot read it: {exc.strerror or exc}") from None
-    try:
-        if p.suffix in (".yaml", ".yml"):
-            import yaml  # noqa: PLC0415 - only for YAML files
-
-            doc = yaml.safe_load(raw)
-        else:
-            doc = tomllib.loads(raw.decode())
-    except Exception as exc:
-        raise PolicyConfigError(
-            f"--rules {path}: not valid {'YAML' if p.suffix in ('.yaml', '.yml') else 'TOML'}: {exc}"
-        ) from None
+    except configfile.ConfigFileError as exc:
+        raise PolicyConfigError(f"--rules {path}: {exc}") from None
     rules = doc.get("rules", doc.get("rule")) if isinstance(doc, Mapping) else doc
     if not isinstance(rules, list) or not all(isinstance(r, Mapping) for r in rules):
         raise PolicyConfigError(f"--rules {path}: expected a list of rule tables named 'rule' or 'rules'")

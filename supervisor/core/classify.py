@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from supervisor.core.agentlog import launcher_ranks
 from supervisor.core.evidence import Evidence
+from supervisor.core.patterns import Screen, encodable
 from supervisor.core.rules import Hit, Rule, match_lines, strip_prefix
 from supervisor.core.types import SEVERITY, Action, RankFailure
 
@@ -103,14 +104,16 @@ def _status_hit(rule: Rule, failure: RankFailure) -> Hit | None:
     return None
 
 
-def _rule_hit(rule: Rule, lines: Sequence[str], failure: RankFailure | None) -> Hit | None:
+def _rule_hit(
+    rule: Rule, lines: Sequence[str], failure: RankFailure | None, where: Mapping[str, Sequence[int]]
+) -> Hit | None:
     if rule.before_first_step and (failure is None or failure.progressed is not False):
         return None
     if rule.hang:
         if failure is None or failure.hang is None:
             return None
         return Hit(rule, (f"hung: {failure.hang.describe()}",), {}, 0)
-    hit = match_lines(rule, lines) if rule.patterns else None
+    hit = match_lines(rule, lines, where=where) if rule.patterns else None
     if rule.exit_codes or rule.signals:
         status = _status_hit(rule, failure) if failure is not None else None
         if status is None or (rule.patterns and hit is None):
@@ -127,9 +130,12 @@ def classify_lines(
     scopes: tuple[str, ...] = ("rank",),
 ) -> Classification | None:
     """The first non-wrapper rule that matches, else the first wrapper; None if none."""
-    text = [strip_prefix(ln) for ln in lines]
+    text = [encodable(strip_prefix(ln)) for ln in lines]
+    # every pattern against each line in one pass; a rule then searches only the
+    # lines its patterns matched (for the groups), not every line
+    where = Screen(p for r in rules for p in r.patterns).index(text)
     rank = failure.exit.rank if failure is not None else None
-    hits = [h for r in rules if _in(r, scopes) and (h := _rule_hit(r, text, failure)) is not None]
+    hits = [h for r in rules if _in(r, scopes) and (h := _rule_hit(r, text, failure, where)) is not None]
     if failure is not None and _killed_from_outside(failure):
         # SIGKILL cannot be a rank's own reaction to a peer's death (that raises, then
         # exits): a line blaming a peer was written by another process, or is beside the point

@@ -32,6 +32,9 @@ and raises ``RuleError`` naming the rule and the key. The fields::
 Patterns are matched against one line at a time, after the rank prefix torch
 and torchrun add (``[rank3]:``, ``[default3]:``) is removed, so ``^`` anchors
 at the message.
+
+Every pattern, the built-in ones included, is RE2's (``supervisor.core.patterns``):
+matching takes time linear in the line, so no rule can stall the daemon.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor.core.patterns import Pattern, RegexError, Screen, compile_pattern
 from supervisor.core.types import Action
 
 NATURES = ("transient", "hardware", "deterministic", "not_failure")
@@ -52,6 +56,7 @@ _KEYS = frozenset(
     {"id", "category", "nature", "action", "repeat", "after", "any", "all", "scope", "exit", "signal",
      "hang", "wrapper", "fallback", "blame", "when", "by", "summary", "source"}
 )  # fmt: skip
+# the module's own fixed patterns stay with ``re``: they are linear as written
 _ID = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 # what torch (``[rank3]:``) and torchrun --tee (``[default3]:``) put before a rank's lines
 _PREFIX = re.compile(r"^\s*(?:\[(?:rank|default)\d+\]:\s?|\[rank \d+\] )")
@@ -69,8 +74,8 @@ class Rule:
     action: Action
     repeat: Action | None = None
     after: int = 1
-    any: tuple[re.Pattern[str], ...] = ()
-    all: tuple[re.Pattern[str], ...] = ()
+    any: tuple[Pattern, ...] = ()
+    all: tuple[Pattern, ...] = ()
     scope: tuple[str, ...] = ("rank",)
     exit_codes: frozenset[int] = frozenset()
     signals: frozenset[int] = frozenset()
@@ -84,7 +89,7 @@ class Rule:
     source: str = ""
 
     @property
-    def patterns(self) -> tuple[re.Pattern[str], ...]:
+    def patterns(self) -> tuple[Pattern, ...]:
         return self.any + self.all
 
 
@@ -110,8 +115,14 @@ def strip_prefix(line: str) -> str:
     return _PREFIX.sub("", line, count=1)
 
 
+def _shown(value: object, limit: int = 80) -> str:
+    """``value`` as an error quotes it: one from a rules file may be long."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
 def _fail(rule_id: str, key: str, expected: str, got: object) -> RuleError:
-    return RuleError(f"rule {rule_id!r}: {key} must be {expected}, got {got!r}")
+    return RuleError(f"rule {rule_id!r}: {key} must be {expected}, got {_shown(got)}")
 
 
 def _action(rule_id: str, key: str, value: object) -> Action:
@@ -135,19 +146,20 @@ def _scopes(rule_id: str, value: object) -> tuple[str, ...]:
     return tuple(str(s) for s in scopes)
 
 
-def _patterns(rule_id: str, raw: Mapping[str, Any], key: str) -> tuple[re.Pattern[str], ...]:
+def _patterns(rule_id: str, raw: Mapping[str, Any], key: str) -> tuple[Pattern, ...]:
     value = raw.get(key, ())
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list | tuple) or not all(isinstance(p, str) for p in value):
         raise _fail(rule_id, key, "a list of regular expressions", value)
-    compiled = []
+    compiled: list[Pattern] = []
     for pattern in value:
         try:
-            compiled.append(re.compile(pattern))
-        except re.error as exc:
+            compiled.append(compile_pattern(pattern))
+        except RegexError as exc:
             raise RuleError(
-                f"rule {rule_id!r}: {key} pattern {pattern!r} is not a valid regex: {exc}"
+                f"rule {rule_id!r}: {key} pattern {_shown(pattern)} is not a valid regex: {exc} "
+                "(the syntax is RE2's: no backreferences or lookaround, \\z for \\Z)"
             ) from None
     return tuple(compiled)
 
@@ -194,11 +206,11 @@ def _flag(rule_id: str, raw: Mapping[str, Any], key: str) -> bool:
 
 def compile_rule(raw: Mapping[str, Any]) -> Rule:
     if not isinstance(raw, Mapping):
-        raise RuleError(f"a rule must be a table of fields, got {raw!r}")
+        raise RuleError(f"a rule must be a table of fields, got {_shown(raw)}")
     rule_id = raw.get("id")
     if not isinstance(rule_id, str) or not _ID.fullmatch(rule_id):
-        raise RuleError(f"every rule needs an id (letters, digits, _ . -), got {rule_id!r}")
-    unknown = sorted(set(raw) - _KEYS)
+        raise RuleError(f"every rule needs an id (letters, digits, _ . -), got {_shown(rule_id)}")
+    unknown = sorted(map(str, set(raw) - _KEYS))  # str: a YAML key may be a number
     if unknown:
         raise RuleError(f"rule {rule_id!r}: unknown key(s) {unknown}; known: {sorted(_KEYS)}")
     after = raw.get("after", 1)
@@ -254,13 +266,24 @@ def compile_rules(*layers: Iterable[Mapping[str, Any]]) -> tuple[Rule, ...]:
     return tuple(ordered)
 
 
-def match_lines(rule: Rule, lines: Sequence[str], max_lines: int = 8) -> Hit | None:
-    """Match a text rule against lines (prefixes already stripped)."""
+def match_lines(
+    rule: Rule, lines: Sequence[str], max_lines: int = 8, where: Mapping[str, Sequence[int]] | None = None
+) -> Hit | None:
+    """Match a text rule against lines (prefixes already stripped). ``where``: the
+    lines (indices, ascending) each pattern, by its text, matches (``Screen.index``):
+    only those are searched (for the groups)."""
+
+    def candidates(patterns: Iterable[Pattern]) -> Iterable[int]:
+        if where is None:
+            return range(len(lines))
+        return sorted({i for p in patterns for i in where.get(p.pattern, ())})
+
     if rule.any:
         found: list[str] = []
         groups: dict[str, str] = {}
         first = -1
-        for i, line in enumerate(lines):
+        for i in candidates(rule.any):
+            line = lines[i]
             for pattern in rule.any:
                 m = pattern.search(line)
                 if m is None:
@@ -274,8 +297,8 @@ def match_lines(rule: Rule, lines: Sequence[str], max_lines: int = 8) -> Hit | N
     if rule.all:
         found, groups, start, first = [], {}, 0, -1
         for pattern in rule.all:
-            for i in range(start, len(lines)):
-                m = pattern.search(lines[i])
+            for i in candidates((pattern,)):
+                m = pattern.search(lines[i]) if i >= start else None
                 if m is not None:
                     found.append(lines[i])
                     groups.update({k: v for k, v in m.groupdict().items() if v is not None})
@@ -288,18 +311,6 @@ def match_lines(rule: Rule, lines: Sequence[str], max_lines: int = 8) -> Hit | N
     return None
 
 
-def prefilter(rules: Iterable[Rule]) -> re.Pattern[str]:
-    """One regex that finds every line any text rule could match (a superset).
-
-    Named groups are made anonymous (names repeat across rules) and leading
-    inline flags become scoped groups, so the patterns can be joined.
-    """
-    parts = []
-    for rule in rules:
-        for pattern in rule.patterns:
-            text = re.sub(r"\(\?P<\w+>", "(?:", pattern.pattern)
-            flags = re.match(r"\(\?([aiLmsux]+)\)", text)
-            if flags:
-                text = f"(?{flags.group(1)}:{text[flags.end() :]})"
-            parts.append(f"(?:{text.lstrip('^')})")
-    return re.compile("|".join(parts) if parts else r"(?!x)x", re.MULTILINE)
+def prefilter(rules: Iterable[Rule]) -> Screen:
+    """What finds every line any text rule could match."""
+    return Screen(p for rule in rules for p in rule.patterns)

@@ -20,7 +20,6 @@ Logs of any size are read in one pass (``supervisor.postmortem.logs``).
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -32,6 +31,7 @@ from supervisor.core.classify import Classification
 from supervisor.core.errorfile import order_failures
 from supervisor.core.evidence import Evidence
 from supervisor.core.outcome import OutcomeError, apply_presets
+from supervisor.core.patterns import Screen
 from supervisor.core.policy import Budget, History, Policy, decide
 from supervisor.core.rules import compile_rules, prefilter
 from supervisor.core.types import ExitStatus, RankExit, RankFailure
@@ -55,15 +55,13 @@ def _failure(rank: int, log: logs.LogFile | None, error: Path | None) -> RankFai
     return RankFailure(exit=exit, error=record, error_at=error_at, notable=notable, log_tail=tail)
 
 
-def gather(
-    paths: list[Path], dmesg: list[Path], agent: list[Path], extra: re.Pattern[str] | None = None
-) -> Evidence:
+def gather(paths: list[Path], dmesg: list[Path], agent: list[Path], extra: Screen | None = None) -> Evidence:
     """One failure's evidence from files: rank logs, error files, launcher and kernel logs."""
     return _gather(paths, dmesg, agent, extra)[0]
 
 
 def _gather(
-    paths: list[Path], dmesg: list[Path], agent: list[Path], extra: re.Pattern[str] | None
+    paths: list[Path], dmesg: list[Path], agent: list[Path], extra: Screen | None
 ) -> tuple[Evidence, dict[int, logs.LogFile]]:
     """The evidence, and the logs that hold several ranks' lines, by the rank that stands for them."""
     failures: list[RankFailure] = []
@@ -99,7 +97,7 @@ def _named(c: Classification, mixed: dict[int, logs.LogFile]) -> Classification:
     return replace(c, rank=owner)
 
 
-def _extra(rule_files: list[str]) -> re.Pattern[str] | None:
+def _extra(rule_files: list[str]) -> Screen | None:
     """The user's rules may match lines without a keyword: search for them too."""
     if not rule_files:
         return None

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from supervisor.core.agentlog import STRUCTURE, is_launcher_log
 from supervisor.core.notable import KEYWORDS, notable_lines
+from supervisor.core.patterns import Screen
 from supervisor.core.rules import strip_prefix
 
 CHUNK = 4 << 20
@@ -47,7 +48,7 @@ class _Kept:
 
 
 def _scan(
-    path: Path, extra: re.Pattern[str] | None, words: tuple[str, ...] = KEYWORDS, *, end: int | None = None
+    path: Path, extra: Screen | None, words: tuple[str, ...] = KEYWORDS, *, end: int | None = None
 ) -> _Kept:
     kept = _Kept([], deque(maxlen=KEEP_LAST), deque(maxlen=TAIL))
     carry = ""
@@ -70,9 +71,7 @@ def _scan(
     return kept
 
 
-def _keep(
-    text: str, number: int, extra: re.Pattern[str] | None, words: tuple[str, ...], kept: _Kept
-) -> int:
+def _keep(text: str, number: int, extra: Screen | None, words: tuple[str, ...], kept: _Kept) -> int:
     """Keep ``text``'s lines worth classifying (complete lines, the first numbered
     ``number``) and its last lines; the number of the line after it."""
     count = text.count("\n")
@@ -106,7 +105,7 @@ def _located(lines: list[str], text: str, number: int) -> list[Numbered]:
 
 
 def scan(
-    path: Path, extra: re.Pattern[str] | None = None, *, end: int | None = None
+    path: Path, extra: Screen | None = None, *, end: int | None = None
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(the lines worth classifying: the first ones and the latest, bounded; the last lines),
     of the first ``end`` bytes (None: all)."""
@@ -131,7 +130,7 @@ class LogFile:
         return self.rank if not self.owners else self.owners.get(line)
 
 
-def read_log(path: Path, extra: re.Pattern[str] | None = None) -> LogFile:
+def read_log(path: Path, extra: Screen | None = None) -> LogFile:
     kept = _scan(path, extra, KEYWORDS + STRUCTURE)
     merged = tuple(dict(sorted((*kept.first, *kept.latest, *kept.tail))).values())
     if is_launcher_log(merged):

@@ -51,6 +51,8 @@ class Hosting:
         self._events = events
         self._signaller = signaller
         self._reloader = Reloader(cfg, monitor, logger, events)
+        self._reloading: asyncio.Task[None] | None = None
+        self._reload_again = False
         self._spawned: set[int] = set()  # live ranks: the loop reaps those, never us
         self._sentinel: int | None = None
         events.listeners.append(self._hear)
@@ -96,9 +98,24 @@ class Hosting:
                 )
             await asyncio.sleep(REAP_INTERVAL)
 
+    def _reload(self) -> None:
+        """One reload at a time, in a task of its own (a stop never waits behind a parse);
+        a SIGHUP that comes meanwhile is served once the current one is done."""
+        if self._reloading is not None and not self._reloading.done():
+            self._reload_again = True
+            return
+
+        async def serve() -> None:
+            await self._reloader.reload()
+            while self._reload_again:
+                self._reload_again = False
+                await self._reloader.reload()
+
+        self._reloading = asyncio.get_running_loop().create_task(serve(), name="reload")
+
     def handle(self, command: signals.Reload | signals.Forward, gen: Generation | None) -> None:
         if isinstance(command, signals.Reload):
-            self._reloader.reload()
+            self._reload()
             return
         running = [] if gen is None else [r for r in gen.ranks.values() if r.state is RankState.RUNNING]
         for rank in running:

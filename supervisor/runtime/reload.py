@@ -10,6 +10,7 @@ says why, and the settings in force stay as they were.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import fields, replace
@@ -58,16 +59,21 @@ class Reloader:
         self._logger = logger
         self._events = events
 
-    def reload(self) -> None:
+    async def reload(self) -> None:
         path = self._hosting.config_file
         if path is None:
             return  # without a file SIGHUP is a stop signal and never comes here
         self._events.emit("reload_requested", path=str(path))
         h = self._hosting
         try:
-            new = ftconfig.load(h.ft_overrides, h.ft_environ, path)
+            # off the loop: the worst file the reader accepts takes seconds to parse
+            new = await asyncio.to_thread(ftconfig.load, h.ft_overrides, h.ft_environ, path)
         except ftconfig.FtConfigError as exc:
             self._events.emit("reload_failed", logging.WARNING, path=str(path), error=str(exc))
+            return
+        except Exception as exc:  # a file is input: whatever it does, the run goes on
+            error = f"{type(exc).__name__}: {exc}"
+            self._events.emit("reload_failed", logging.ERROR, path=str(path), error=error)
             return
         changed = changes(self._ft, new)
         if TIMEOUTS & changed.keys():
