@@ -58,6 +58,7 @@ SETUP = frozenset({"setup", "init"})
 CHECKPOINTING = frozenset({"checkpointing", "checkpoint"})
 MIN_STEPS = 16
 EMA = 0.5
+MAX_TIMEOUT = 24 * 3600.0  # seconds; what a state file or a message may set
 # the keys of the non-section timeouts, as in ``Learned.asked``
 INITIAL_HEARTBEAT, HEARTBEAT, OUT_OF_SECTION = "initial_heartbeat", "heartbeat", "out_of_section"
 
@@ -179,9 +180,11 @@ class Learned:
 
 
 def _seconds(value: object) -> float | None:
+    """A timeout from a state file or a rank's message: anything but 0 < value <= a day is
+    refused (a "timeout" of 1e308 s would switch hang detection off)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value) if 0 < value < float("inf") else None
+    return float(value) if 0 < value <= MAX_TIMEOUT else None
 
 
 @dataclass(frozen=True, slots=True)

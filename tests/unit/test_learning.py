@@ -117,6 +117,8 @@ def test_state_round_trip_and_junk() -> None:
     assert Learned.from_json(learned.to_json()) == learned
     assert Learned.from_json("junk") == Learned()
     assert Learned.from_json({"heartbeat": "x", "sections": {"a": -1, "b": True}}) == Learned()
+    # a timeout of 1e308 s (or more than a day) would switch hang detection off: refused
+    assert Learned.from_json({"heartbeat": 1e308, "sections": {"step": 86401.0}}) == Learned()
 
 
 def test_nothing_unmonitored_is_learned() -> None:
