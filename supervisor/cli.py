@@ -143,8 +143,20 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
         "--duplicate-stderr-filters",
     ):
         _opt(g, name, default=None, help=argparse.SUPPRESS)
+    _supervisor_options(p.add_argument_group("ft-supervisor options"))
+    ftconfig.add_options(p.add_argument_group("hang detection (nvidia-resiliency-ext --ft-* names)"))
+    policyconfig.add_options(p.add_argument_group("failure policy: exit codes, rules, plugins"))
+    metricsconfig.add_options(p.add_argument_group("metrics: an optional Prometheus endpoint"))
+    hostingconfig.add_options(p.add_argument_group("service: systemd, container entrypoint"))
+    checkpointconfig.add_options(p.add_argument_group("checkpoint sync: LOCAL to DEST, copy-back at start"))
+    p.add_argument("training_script", help="the training program (or module with -m)")
+    p.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    p.set_defaults(handler=_run, command_parser=p)
+    return p
 
-    f = p.add_argument_group("ft-supervisor options")
+
+def _supervisor_options(f: Any) -> None:
+    """Ours: how ranks are stopped, started and held, and where the run's files go."""
     _opt(
         f,
         "--kill-timeout",
@@ -189,6 +201,13 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
     )
     _opt(
         f,
+        "--no-cgroups",
+        action="store_true",
+        help="hold a generation's descendants by process groups, PDEATHSIG and the token sweep "
+        "only, even where a cgroup per generation could be created (README: process containment)",
+    )
+    _opt(
+        f,
         "--preload",
         default="auto",
         help="modules a rank imports before its generation starts: auto (torch when "
@@ -210,15 +229,6 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
     )
     _opt(f, "--workers-stop-timeout", type=float, default=None, help=argparse.SUPPRESS)  # ft_launcher's name
     _opt(f, "--term-timeout", type=float, default=None, help=argparse.SUPPRESS)  # ft_launcher's name
-    ftconfig.add_options(p.add_argument_group("hang detection (nvidia-resiliency-ext --ft-* names)"))
-    policyconfig.add_options(p.add_argument_group("failure policy: exit codes, rules, plugins"))
-    metricsconfig.add_options(p.add_argument_group("metrics: an optional Prometheus endpoint"))
-    hostingconfig.add_options(p.add_argument_group("service: systemd, container entrypoint"))
-    checkpointconfig.add_options(p.add_argument_group("checkpoint sync: LOCAL to DEST, copy-back at start"))
-    p.add_argument("training_script", help="the training program (or module with -m)")
-    p.add_argument("training_script_args", nargs=argparse.REMAINDER)
-    p.set_defaults(handler=_run, command_parser=p)
-    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -397,6 +407,7 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         autoresume=ns.autoresume,
         stop_signals=stops,
         standby=not ns.no_standby and ns.max_restarts > 0,
+        cgroups=not ns.no_cgroups,
         virtual_local_rank=ns.virtual_local_rank,
         log_level=hosting.log_level(ns.log_level, ft),
         ft=ft,

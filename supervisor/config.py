@@ -163,6 +163,7 @@ class RunConfig:
     autoresume: bool = False  # create finished_flag when the job completes
     stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
     standby: bool = True
+    cgroups: bool = True  # a cgroup per generation where one can be created
     virtual_local_rank: bool = False
     log_level: str = "info"
     ft: FtConfig = field(default_factory=FtConfig)

@@ -182,6 +182,15 @@ def _render_job(job: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _containment_line(c: dict[str, Any] | None) -> str:
+    """Which guarantee holds the ranks' descendants (README: process containment)."""
+    if not c:
+        return "containment: -"
+    if c.get("mode") == "cgroup":
+        return f"containment: cgroup {c.get('cgroup')} (ended with {c.get('kill')})"
+    return f"containment: fallback: process groups, PDEATHSIG, token sweep ({c.get('why')})"
+
+
 def render_status(s: dict[str, Any]) -> str:
     lines = [
         f"run {s['run_id']}  pid {s['pid']}  generation {s['generation']}  "
@@ -201,6 +210,8 @@ def render_status(s: dict[str, Any]) -> str:
     lines.append("timeouts: " + _timeouts_line(t))
     if any(v for v in learned.values()):
         lines.append("learned:  " + format_fields({k: v for k, v in learned.items() if v}))
+    if "containment" in s:
+        lines.append(_containment_line(s["containment"]))
     if s.get("dropped"):
         lines.append("dropped messages: " + format_fields(s["dropped"]))
     if s.get("job"):

@@ -1,26 +1,33 @@
-"""The orphan sentinel, and how to find a run's processes by their token.
+"""The orphan sentinel, and how to find and kill a run's processes.
 
-Every process a rank starts inherits the rank's environment, including our
-token, even after it leaves the rank's process group (setsid, double fork).
-So the token finds a run's (or a generation's) processes, and only them: it is
-random, never a pid the kernel may have handed to a stranger by now.
+Two ways to find them. Where the run has a cgroup (``supervisor.process.cgroups``),
+every process started inside it stays inside, whatever it does (setsid, double
+fork, execve with an empty environment): killing the cgroup cannot miss. Elsewhere,
+the token: every process a rank starts inherits the rank's environment, including
+our token, even after it leaves the rank's process group. So the token finds a
+run's (or a generation's) processes, and only them: it is random, never a pid the
+kernel may have handed to a stranger by now. A process that clears its environment
+(``execve`` with an empty one) is lost to it.
 
 The sentinel is a small process the daemon starts first: it holds the read end
 of a pipe whose write end only the daemon has. When the daemon dies, however it
 dies (SIGKILL included), the kernel closes the pipe, the sentinel reads EOF and
-kills every process of the run. Ranks die of PR_SET_PDEATHSIG on their own; the
-sentinel is for their descendants, which pdeathsig does not reach.
+kills every process of the run: the run's cgroup, then anything left with the
+token. Ranks die of PR_SET_PDEATHSIG on their own; the sentinel is for their
+descendants, which pdeathsig does not reach.
 
-    python -P .../supervisor/process/sentinel.py ENTRY
+    python -P .../supervisor/process/sentinel.py ENTRY [CGROUP]
 
 Standard library only, runnable by path; the daemon and the tests import it too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import time
 
 
 def pids_with_env(entry: bytes, *, prefix: bool = False) -> list[int]:
@@ -70,15 +77,96 @@ def sweep(entry: bytes, *, prefix: bool, rounds: int = 3) -> int:
     return killed
 
 
+def cgroup_pids(path: str) -> list[int]:
+    """Every process in the cgroup at ``path`` and in the cgroups below it."""
+    found: list[int] = []
+    for top, _dirs, _files in os.walk(path):
+        try:
+            with open(os.path.join(top, "cgroup.procs")) as f:
+                found.extend(int(p) for p in f.read().split())
+        except OSError:
+            continue  # removed while we walked
+    return found
+
+
+def _write(path: str, value: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, value)
+    finally:
+        os.close(fd)
+
+
+def kill_cgroup(path: str, timeout: float = 2.0) -> list[int]:
+    """SIGKILL every process in the cgroup tree at ``path``; the pids found there first.
+
+    ``cgroup.kill`` (Linux >= 5.14) does it in the kernel, in one step that no
+    fork can outrun. Without it, freeze the tree where the kernel can (a frozen
+    process cannot fork, and still dies of SIGKILL) and signal every pid in it
+    until it is empty, for ``timeout`` at most.
+    """
+    if not os.path.isdir(path):
+        return []
+    found = cgroup_pids(path)
+    try:
+        _write(os.path.join(path, "cgroup.kill"), b"1")
+        return found
+    except OSError:
+        pass  # no cgroup.kill (Linux < 5.14), or it will not take the write
+    signal_cgroup(path, timeout)
+    return found
+
+
+def signal_cgroup(path: str, timeout: float = 2.0) -> None:
+    """``cgroup.kill`` the long way, for kernels older than 5.14."""
+    with contextlib.suppress(OSError):  # older still (< 5.2): the rounds must outrun any forking
+        _write(os.path.join(path, "cgroup.freeze"), b"1")
+    deadline = time.monotonic() + timeout
+    while (pids := cgroup_pids(path)) and time.monotonic() < deadline:
+        kill_all(pids)
+        time.sleep(0.01)  # killed processes take a moment to leave cgroup.procs
+
+
+def _populated(path: str) -> bool:
+    try:
+        with open(os.path.join(path, "cgroup.events")) as f:
+            return "populated 1" in f.read()
+    except OSError:
+        return False  # gone
+
+
+def remove_cgroup(path: str, timeout: float = 2.0) -> bool:
+    """Remove the cgroup tree at ``path`` once its processes are gone (zombies do
+    not count), waiting ``timeout`` at most. False when something is still inside:
+    a process that outlived SIGKILL (stuck in the kernel)."""
+    deadline = time.monotonic() + timeout
+    while _populated(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # the innermost first: a cgroup with children cannot be removed
+    for top, _dirs, _files in os.walk(path, topdown=False):
+        try:
+            os.rmdir(top)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+    return True
+
+
 def main(argv: list[str]) -> None:
-    (entry,) = argv
+    entry, *cgroup = argv
     # Terminal and scheduler signals are the daemon's business: the sentinel
     # outlives them so that it can clean up after the daemon.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     while sys.stdin.buffer.read(65536):
         pass
+    # the cgroup first: what is in it cannot escape, whatever its environment
+    for path in cgroup:
+        kill_cgroup(path)
     sweep(os.fsencode(entry), prefix=True)
+    for path in cgroup:
+        remove_cgroup(path)
 
 
 if __name__ == "__main__":

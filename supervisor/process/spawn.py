@@ -1,9 +1,10 @@
 """Start one rank process through the bootstrap and talk to it until the go.
 
 Each rank runs in its own session (so its process group holds its descendants:
-dataloader workers and the like), with stdout and stderr opened straight onto
-its per-generation log files: the rank writes there itself, so nothing it logs
-depends on the daemon staying alive.
+dataloader workers and the like), and, where the daemon has cgroups, in its
+generation's cgroup, which holds even those that leave the group. Its stdout and
+stderr are opened straight onto its per-generation log files: the rank writes
+there itself, so nothing it logs depends on the daemon staying alive.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import orjson
 
 from supervisor.core.states import RankState, advance
 from supervisor.core.topology import RankSlot
+from supervisor.process.cgroups import UNCONTAINED, Containment
 
 BOOTSTRAP = str(Path(__file__).with_name("bootstrap.py"))
 
@@ -36,13 +38,14 @@ class Program:
     preload: tuple[str, ...] = ()
     fast_exit: bool = True
 
-    def argv(self, boot_fd: int, parent_pid: int) -> list[str]:
+    def argv(self, boot_fd: int, parent_pid: int, cgroup: Path | None = None) -> list[str]:
         return [
             self.python,
             "-u",
             BOOTSTRAP,
             str(boot_fd),
             str(parent_pid),
+            "" if cgroup is None else str(cgroup),
             ",".join(self.preload),
             "fast-exit" if self.fast_exit else "",
             self.kind,
@@ -70,7 +73,8 @@ class RankProcess:
     """One rank's OS process, from spawn to reap.
 
     The pid is also the process group id (``start_new_session``), which is what
-    the termination procedure signals.
+    the termination procedure signals; ``containment`` says what else holds the
+    rank and its descendants (the generation's cgroup, or the fallback).
     """
 
     def __init__(
@@ -82,8 +86,10 @@ class RankProcess:
         files: RankFiles,
         spawned_at: float,
         state: RankState,
+        containment: Containment = UNCONTAINED,
     ) -> None:
         self.slot = slot
+        self.containment = containment
         self.proc = proc
         self.files = files
         self.spawned_at = spawned_at
@@ -135,13 +141,14 @@ async def spawn_rank(
     *,
     now: float,
     standby: bool,
+    containment: Containment = UNCONTAINED,
 ) -> RankProcess:
     files.dir.mkdir(parents=True, exist_ok=True)
     ours, theirs = socket.socketpair()
     try:
         with files.stdout.open("ab") as out, files.stderr.open("ab") as err:
             proc = await asyncio.create_subprocess_exec(
-                *program.argv(theirs.fileno(), os.getpid()),
+                *program.argv(theirs.fileno(), os.getpid(), containment.cgroup),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
@@ -156,4 +163,5 @@ async def spawn_rank(
         theirs.close()
     boot = await asyncio.open_unix_connection(sock=ours)
     state = RankState.STANDBY if standby else RankState.RUNNING
-    return RankProcess(slot=slot, proc=proc, boot=boot, files=files, spawned_at=now, state=state)
+    return RankProcess(slot=slot, proc=proc, boot=boot, files=files, spawned_at=now, state=state,
+                       containment=containment)  # fmt: skip

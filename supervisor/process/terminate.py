@@ -4,8 +4,10 @@
    rank: a stopped rank could not act on SIGTERM, and the group holds its
    dataloader workers and other descendants.
 2. Wait for them against one shared grace deadline (a force request cuts it short).
-3. SIGKILL the groups of the survivors, then sweep: kill every process still
-   carrying the generation's token, wherever it moved.
+3. SIGKILL the groups of the survivors, then sweep (``orphans.sweep_generation``):
+   kill the generation's cgroup, which holds everything its ranks started
+   whatever it did since; where there is none, every process still carrying the
+   generation's token, wherever it moved.
 4. Wait ``kill_timeout`` at most for the killed ranks: a rank stuck in the kernel
    (D state) can outlive SIGKILL, and must not wedge the daemon. It is reported.
 
@@ -42,7 +44,7 @@ class TerminationReport:
     signalled: tuple[int, ...]  # local ranks alive when the procedure began
     killed: tuple[int, ...]  # those that needed SIGKILL
     unkillable: tuple[int, ...]  # those that outlived SIGKILL and the kill timeout
-    swept: int  # descendants found by token and killed
+    swept: int  # descendants found by the sweep (cgroup or token) and killed
     seconds: float
 
 

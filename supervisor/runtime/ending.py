@@ -1,5 +1,6 @@
-"""Ending a generation: the dying-gasp save, the one termination procedure, and
-what the generation taught (learned timeouts)."""
+"""Ending a generation: the dying-gasp save, the one termination procedure (its
+sweep kills the generation's cgroup, or where it has none finds its descendants
+by token), the cgroup's removal, and what the generation taught (learned timeouts)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Callable
 from supervisor.config import RunConfig
 from supervisor.core.learning import Learned, learn, observe
 from supervisor.core.topology import token_entry
-from supervisor.process.orphans import sweep_generation
+from supervisor.process.orphans import release_generation, sweep_generation
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller, TerminationReport, terminate
 from supervisor.runtime import gasp, signals
@@ -19,6 +20,16 @@ from supervisor.runtime.clock import Clock
 from supervisor.runtime.events import EventLog
 from supervisor.runtime.generation import Generation
 from supervisor.runtime.monitor import Monitor
+
+
+async def release(gen: Generation, events: EventLog, timeout: float) -> None:
+    """Remove the generation's cgroup, now that its processes are killed. One that
+    stays populated holds a process that outlived SIGKILL (stuck in the kernel,
+    perhaps holding a device): it is reported, and left for the sentinel to remove
+    at the daemon's exit, or the next daemon in this cgroup once it is empty."""
+    busy = await release_generation(list(gen.ranks.values()), timeout)
+    for path, pids in busy.items():
+        events.emit("cgroup_not_empty", logging.ERROR, generation=gen.number, cgroup=path, pids=pids)
 
 
 class Ender:
@@ -62,9 +73,11 @@ class Ender:
                 **dict.fromkeys(gen.hangs, cfg.ft.rank_termination_signal),
                 **dict.fromkeys(gen.stuck, signal.SIGKILL),  # it failed already; only exiting is left
             },
-            sweep=lambda: sweep_generation(entry),
+            sweep=lambda: sweep_generation(entry, list(gen.ranks.values())),
             signals=self._signaller,
         )
+        # a rank that outlived SIGKILL keeps the cgroup populated: no use waiting for it
+        await release(gen, self._events, 0.0 if report.unkillable else cfg.kill_timeout)
         gen.notable = self._follower.finish()
         gen.after_exit = self._follower.after_exit
         self._learn(gen)

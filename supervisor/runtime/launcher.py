@@ -88,7 +88,11 @@ class Launcher:
         (off the loop: the probe starts a process), or the fallback and why."""
         async with self._containing:
             if self._containment is None:
-                where = cgroups.run_cgroup(token_entry(self._ident.run_token))
+                where = (
+                    cgroups.run_cgroup(token_entry(self._ident.run_token))
+                    if self.cfg.cgroups
+                    else "--no-cgroups was given"
+                )
                 try:
                     found = await off_loop(lambda: cgroups.open_run(where), cgroups.PROBE_TIMEOUT + 1.0)
                 except TimeoutError:

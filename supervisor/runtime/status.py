@@ -37,6 +37,13 @@ def ranks(gen: Generation | None, monitor: Monitor | None, now: float) -> list[d
     return out
 
 
+def containment(gen: Generation | None) -> dict[str, Any] | None:
+    """What holds the generation's processes: its cgroup, or the fallback and why."""
+    if gen is None or not gen.ranks:
+        return None
+    return next(iter(gen.ranks.values())).containment.describe()
+
+
 def timeouts(monitor: Monitor | None) -> dict[str, Any]:
     if monitor is None:
         return {}
@@ -83,6 +90,7 @@ def build(
         "restarts_used": restarts_used,
         "max_restarts": max_restarts,
         "ranks": ranks(gen, monitor, now),
+        "containment": containment(gen),
         "timeouts": timeouts(monitor),
         "received": monitor.received,
         "dropped": dropped(monitor, control_drops),

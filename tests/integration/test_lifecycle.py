@@ -189,8 +189,11 @@ def test_sigusr1_dumps_the_status(start: Start, tmp_path: Path) -> None:
     assert d.wait() == 128 + signal.SIGTERM
 
 
-def test_sigkilled_daemon_leaves_no_rank_or_grandchild(start: Start, tmp_path: Path) -> None:
-    d = start(*FAST, "--max-restarts", "1", BEHAVE, "--forever", "--grandchild", str(tmp_path))
+@pytest.mark.parametrize("containment", [(), ("--no-cgroups",)], ids=["cgroups-if-any", "fallback"])
+def test_sigkilled_daemon_leaves_no_rank_or_grandchild(
+    start: Start, tmp_path: Path, containment: tuple[str, ...]
+) -> None:
+    d = start(*FAST, *containment, "--max-restarts", "1", BEHAVE, "--forever", "--grandchild", str(tmp_path))
     wait_until(lambda: len(list(tmp_path.glob("*.children"))) == 2, 30, "the grandchildren")
     standbys = d.wait_event("rank_spawned", where=lambda e: e["standby"], count=2)
     pids = rank_pids(d) + [int(p) for f in tmp_path.glob("*.children") for p in f.read_text().split()]
@@ -199,6 +202,9 @@ def test_sigkilled_daemon_leaves_no_rank_or_grandchild(start: Start, tmp_path: P
     d.signal(signal.SIGKILL)
     d.wait()
     wait_until(lambda: not any(alive(p) for p in pids), 10, "every rank and descendant to die")
+    if containment:
+        (held,) = d.events("containment")
+        assert held == {**held, "mode": "fallback", "why": "--no-cgroups was given"}, held
 
 
 def test_no_python_and_module_modes(start: Start, tmp_path: Path) -> None:
