@@ -137,17 +137,19 @@ def test_megatron_hooks_step_times_out_after_warmup(start: Start, tmp_path: Path
     save = tmp_path / "save"
     # warm-up steps (0.7 s) exceed the step timeout, and together the setup one:
     # neither trips, because the hooks close `setup` at the first step and the
-    # daemon exempts the first 2 steps; the hang in iteration 20 does trip
+    # daemon exempts the first 2 steps; the hang in iteration 36 does trip. The ranks share
+    # no collective: under load rank 0 may lag rank 1 by several steps, and only steps
+    # before the hang began count, at least 16 on every rank
     d = start(*FAST, "--ft-rank-section-timeouts", "setup:1,step:0.5,checkpointing:5",
               "--ft-rank-out-of-section-timeout", "5", "--ft-num-warmup-iterations", "2",
-              MEGATRON, "--save-dir", str(save), "--slow-warmup", "2", "--slow-time", "0.7",
-              "--save-every", "8", "--eval-every", "10", "--hang-rank", "1", "--hang-iter", "20")  # fmt: skip
+              MEGATRON, "--save-dir", str(save), "--slow-warmup", "2", "--slow-time", "0.7", "--iters", "46",
+              "--save-every", "8", "--eval-every", "10", "--hang-rank", "1", "--hang-iter", "36")  # fmt: skip
     assert d.wait() == 0, d.stderr()
     assert _hangs(d) == [(0, 1, "section", "step")]
     dumped = _dumped_of_hung(d)
     assert dumped["rank"] == 1 and "megatron_style.py" in dumped["stacks"]
     _restarted_after(d, "rank_hung")
-    # 18 timed steps and completed saves in generation 0: `step` and `checkpointing` learned,
+    # 34 timed steps and completed saves in generation 0: `step` and `checkpointing` learned,
     # and kept by rank 0 in ft_state.json in both forms
     learned = d.events("timeouts_learned")[0]["learned"]
     assert {"step", "checkpointing"} <= set(learned["sections"])
