@@ -90,6 +90,36 @@ def scan_entry(path: Path) -> Entry | None:
     return entry(path.name, "dir", files)
 
 
+class Pinned:
+    """A file entry held open (``snapshots.hold``): the file its name pointed to then,
+    which stays whole whatever happens to the name. It is copied through
+    ``/proc/self/fd``, so both kinds of DEST read it as they read any path."""
+
+    def __init__(self, path: Path, since_ns: int) -> None:
+        self.since_ns = since_ns
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.name = path.name
+        found = self.now()
+        if found is None:
+            os.close(self.fd)
+            raise EntryChanged(f"{path}: no longer a file")
+        self.entry: Entry = found
+
+    @property
+    def source(self) -> Path:
+        return Path(f"/proc/self/fd/{self.fd}")
+
+    def now(self) -> Entry | None:
+        """Its signature now: a change since it was opened means somebody wrote to it."""
+        st = os.fstat(self.fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return entry(self.name, "file", [FileStat("", st.st_size, st.st_mtime_ns)])
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 def remove_path(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)

@@ -9,8 +9,10 @@ and a last sync when the run ends.
 - Every ``--checkpoint-frequency``: the entries of LOCAL that DEST lacks or holds
   with another signature are uploaded (``snapshots.plan``), newest first, once no
   file of theirs was written for the settle time; an entry written to while it was
-  being copied is dropped at DEST and tried again next time. Then retention prunes
-  DEST beyond ``--checkpoint-keep``.
+  being copied is dropped at DEST and tried again next time. The settle time is a
+  file's: a busy file entry's file is held open, and uploaded once it went unwritten
+  for the settle time, though its writer renamed another over its name meanwhile
+  (``snapshots.hold``). Then retention prunes DEST beyond ``--checkpoint-keep``.
 - When the run ends, whatever the outcome (a SIGTERM included), after the ranks are
   gone: one more sync, without the settle time (no rank is left to write), bounded
   by ``--checkpoint-final-timeout``.
@@ -25,16 +27,27 @@ start; afterwards this process keeps its own account of it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
+from collections.abc import Mapping, Sequence
 
 from supervisor.checkpointconfig import CheckpointConfig
-from supervisor.checkpoints.local import place_new, remove_leftovers, remove_path, scan_entry, scan_tree
+from supervisor.checkpoints.local import (
+    Pinned,
+    place_new,
+    remove_leftovers,
+    remove_path,
+    scan_entry,
+    scan_tree,
+)
 from supervisor.checkpoints.store import EntryChanged, Maker, Store, later, off, open_store
 from supervisor.checkpoints.threads import DaemonThreads
-from supervisor.core.snapshots import Entry, plan, restore_choice, to_prune
+from supervisor.core.snapshots import Entry, hold, plan, restore_choice, to_prune
 from supervisor.runtime.events import EventLog
+
+MAX_HELD = 64  # busy file entries held open at once (a file descriptor each)
 
 
 class CheckpointSync:
@@ -60,6 +73,9 @@ class CheckpointSync:
         self._store: Store | None = None
         self._lock = asyncio.Lock()
         self._may_prune = True
+        # busy file entries held open, a file each (``snapshots.hold``); a replaced file
+        # keeps its disk space until it is copied or let go
+        self._held: dict[str, Pinned] = {}
 
     async def run(self) -> None:
         """The copy-back, then a sync every period (a task of the daemon's TaskGroup)."""
@@ -153,10 +169,9 @@ class CheckpointSync:
         store = self._store
         await store.clean()
         local = await off(ex, scan_tree, cfg.path)
-        todo = plan(local, store.entries, now_ns=time.time_ns(),
-                    settle_ns=int(cfg.settle * 1e9) if settle else 0, keep=cfg.keep)  # fmt: skip
-        sent: list[Entry] = []
-        busy = list(todo.busy)
+        settle_ns = int(cfg.settle * 1e9) if settle else 0
+        todo = plan(local, store.entries, now_ns=time.time_ns(), settle_ns=settle_ns, keep=cfg.keep)
+        sent, busy = await self._from_held(store, cfg, local, todo.busy, settle_ns)
         for name in todo.upload:
             e, path = local[name], cfg.path / name
             try:
@@ -181,6 +196,46 @@ class CheckpointSync:
                 final=final,
                 busy=sorted(busy) or None,
             )
+
+
+    async def _from_held(
+        self, store: Store, cfg: CheckpointConfig, local: Mapping[str, Entry], busy: Sequence[str],
+        settle_ns: int,
+    ) -> tuple[list[Entry], list[str]]:  # fmt: skip
+        """Busy file entries: hold each one's file open, and upload a file held
+        unwritten for the settle time (``snapshots.hold``); what was uploaded, and
+        the names still busy."""
+        ex = self._executor
+        for name in [n for n in self._held if n not in busy]:  # settled, or gone
+            later(ex, self._held.pop(name).close)
+        sent: list[Entry] = []
+        waiting: list[str] = []
+        for name in busy:
+            held = self._held.get(name)
+            what = "again" if held is None else hold(
+                held.entry, await off(ex, held.now), since_ns=held.since_ns, now_ns=time.time_ns(),
+                settle_ns=settle_ns, dest=store.entries.get(name),
+            )  # fmt: skip
+            if held is not None and what != "wait":
+                del self._held[name]
+                if what == "copy" and await self._put_held(store, held):
+                    sent.append(held.entry)
+            if what != "wait" and local[name].kind == "file" and len(self._held) < MAX_HELD:
+                with contextlib.suppress(OSError, EntryChanged):  # gone, or no longer a file
+                    self._held[name] = await off(ex, Pinned, cfg.path / name, time.time_ns())
+            if not sent or sent[-1].name != name:
+                waiting.append(name)
+        return sent, waiting
+
+    async def _put_held(self, store: Store, held: Pinned) -> bool:
+        ex = self._executor
+        try:
+            await store.put(held.entry, held.source, functools.partial(off, ex, held.now))
+        except EntryChanged:
+            return False
+        finally:
+            later(ex, held.close)  # not waited for: a hung mount must not hold a cancel
+        return True
 
 
 def _describe(exc: BaseException) -> str:

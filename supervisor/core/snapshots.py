@@ -14,6 +14,15 @@ one with the newest file (ties broken by name): checkpoint writers name entries
 ``step_<n>`` or overwrite one ``snapshot.pth``, and either way the newest write is
 the checkpoint to resume from.
 
+The settle time applies to a file, not to a name. A file entry that does not settle
+is held open; the file held is uploaded once it went unwritten for the settle time,
+whatever became of its name meanwhile (``hold``). A writer that replaces its entry
+by rename (a temporary file, fsync, renamed over the name) more often than the
+settle time never lets the name settle, but each file it renames into place is
+complete and never written again: the one held is uploaded. A file rewritten in
+place keeps changing while held, and waits as before: a copy made in a pause of
+its writer would be torn.
+
 Names beginning with ``.ft-`` belong to ft-supervisor (temporary copies and the
 manifest) and are never entries. Pure: time is a parameter.
 """
@@ -166,6 +175,20 @@ def newest_first(entries: Iterable[Entry]) -> list[Entry]:
 def settled(e: Entry, now_ns: int, settle_ns: int) -> bool:
     """No file written for ``settle_ns``: its writer is most likely done with it."""
     return now_ns - e.newest_ns >= settle_ns
+
+
+Hold = Literal["copy", "wait", "again"]
+
+
+def hold(at_open: Entry, now: Entry | None, *, since_ns: int, now_ns: int, settle_ns: int,
+         dest: Entry | None) -> Hold:  # fmt: skip
+    """What to do with a file entry's file held open since ``since_ns``, whose signature
+    was ``at_open`` then and is ``now`` now: ``copy`` it (unwritten for the settle time,
+    and newer than DEST's), ``wait``, or let it go and hold what the name points to
+    ``again`` (written to meanwhile, or no newer than DEST's)."""
+    if now != at_open or (dest is not None and (dest == now or dest.newest_ns >= now.newest_ns)):
+        return "again"
+    return "copy" if now_ns - since_ns >= settle_ns else "wait"
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,3 +156,33 @@ def test_retention_keeps_the_k_newest_at_dest_and_all_in_local(start: Start, tmp
     pruned = [n for e in d.events("checkpoint_pruned") for n in e["entries"]]
     assert sorted(pruned) == ["step_000000.json", "step_000001.json", "step_000002.json"]
     assert len(list(local.glob("step_*.json"))) == 5  # LOCAL is never pruned
+
+
+def test_a_checkpoint_replaced_by_rename_more_often_than_the_settle_time_is_uploaded(
+    start: Start, tmp_path: Path
+) -> None:
+    # issue 12: replaced every 20 ms, the entry never settled, every sync said busy and
+    # DEST stayed empty, so a SIGKILL lost everything. Now the file held open is
+    # uploaded once it went unwritten for the settle time
+    local, dest = tmp_path / "local", tmp_path / "dest"
+    d = start(*FAST, *sync_args(local, dest, "--checkpoint-frequency", "0.2", "--checkpoint-settle", "2"),
+              RANK, "--dir", str(local), "--snapshot", "rename", "--step-time", "0.02")  # fmt: skip
+    synced = d.wait_event("checkpoint_synced", where=lambda e: "snapshot.json" in e["entries"], timeout=15)
+    d.signal(signal.SIGKILL)
+    d.wait()
+    body = json.loads((dest / "snapshot.json").read_text())  # whole: it parses
+    assert body["step"] >= 0 and len(body["pad"]) == 65536
+    assert synced[0]["files"] == 1 and synced[0]["bytes"] == (dest / "snapshot.json").stat().st_size
+
+
+def test_a_checkpoint_rewritten_in_place_still_waits_to_settle(start: Start, tmp_path: Path) -> None:
+    # the same file rewritten in place is complete only once its writer pauses: a copy
+    # made between two of its writes would be torn
+    local, dest = tmp_path / "local", tmp_path / "dest"
+    d = start(*FAST, *sync_args(local, dest, "--checkpoint-frequency", "0.2", "--checkpoint-settle", "2"),
+              RANK, "--dir", str(local), "--snapshot", "in-place", "--step-time", "0.02")  # fmt: skip
+    d.wait_event("checkpoint_synced", where=lambda e: e["busy"] == ["snapshot.json"], count=3, timeout=15)
+    d.signal(signal.SIGKILL)
+    d.wait()
+    assert not any(e["entries"] for e in d.events("checkpoint_synced"))
+    assert not (dest / "snapshot.json").exists()

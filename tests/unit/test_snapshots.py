@@ -193,3 +193,26 @@ def test_manifest_round_trips(es: list[Entry]) -> None:
 def test_a_manifest_that_cannot_be_trusted_is_refused(doc: object, problem: str) -> None:
     with pytest.raises(ManifestError, match=problem):
         s.entries_from_json(doc)
+
+
+def test_a_held_file_unwritten_for_the_settle_time_is_copied_whatever_its_name_became() -> None:
+    held = s.entry("snapshot.pth", "file", [FileStat("", 10, 5_000)])
+    kw = {"since_ns": 1_000, "settle_ns": 2_000, "dest": None}
+    assert s.hold(held, held, now_ns=2_999, **kw) == "wait"
+    assert s.hold(held, held, now_ns=3_000, **kw) == "copy"
+
+
+def test_a_held_file_written_to_is_let_go_and_held_again() -> None:
+    held = s.entry("snapshot.pth", "file", [FileStat("", 10, 5_000)])
+    grown = s.entry("snapshot.pth", "file", [FileStat("", 20, 6_000)])
+    kw = {"since_ns": 1_000, "now_ns": 9_000, "settle_ns": 2_000, "dest": None}
+    assert s.hold(held, grown, **kw) == "again"
+    assert s.hold(held, None, **kw) == "again"  # no longer a regular file
+
+
+def test_a_held_file_no_newer_than_dests_is_never_sent() -> None:
+    held = s.entry("snapshot.pth", "file", [FileStat("", 10, 5_000)])
+    newer = s.entry("snapshot.pth", "file", [FileStat("", 10, 7_000)])
+    kw = {"since_ns": 1_000, "now_ns": 9_000, "settle_ns": 2_000}
+    assert s.hold(held, held, dest=held, **kw) == "again"
+    assert s.hold(held, held, dest=newer, **kw) == "again"
