@@ -10,6 +10,7 @@ Faults can be injected, once, for demos and tests:
     --crash-generations SPEC           ... in these generations: G, A-B or all
                                        (default 0: only the first)
     --crash-mode raise|exit|abort|segv how it dies
+--heartbeat sends a heartbeat every step, for the daemon's heartbeat timeout.
 Progress is printed every --print-every steps; --events FILE appends one JSON
 line per milestone (first step of a generation, crash, done) for benchmarks.
 Under ft-supervisor it also reports iterations and checkpoints through the client
@@ -58,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--crash-rank", type=int, default=1)
     p.add_argument("--crash-generations", type=_generations, default=_generations("0"))
     p.add_argument("--crash-mode", choices=["raise", "exit", "abort", "segv"], default="raise")
+    p.add_argument("--heartbeat", action="store_true", help="a heartbeat every step (hang detection)")
     p.add_argument("--events", type=Path, default=None, help="append milestones as JSON lines")
     return p.parse_args(argv)
 
@@ -140,6 +142,8 @@ class Trainer:
             self.steps_run = step + 1
             if SUPERVISED:
                 client.report_iteration(self.steps_run)
+                if self.args.heartbeat:
+                    client.heartbeat()
             if first:
                 self._milestone("first_step", step=step)
                 first = False

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -133,6 +134,12 @@ class Metrics:
                 except Exception:
                     slots.release()
                     raise
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                # a client that timed out or hung up is not news: socketserver would print
+                # a traceback on the console for each, which a slow client could flood
+                if not isinstance(sys.exc_info()[1], OSError):
+                    super().handle_error(request, client_address)
 
             def process_request_thread(self, request: Any, client_address: Any) -> None:
                 try:
