@@ -212,6 +212,10 @@ def render_status(s: dict[str, Any]) -> str:
         lines.append("learned:  " + format_fields({k: v for k, v in learned.items() if v}))
     if "containment" in s:
         lines.append(_containment_line(s["containment"]))
+    if s.get("standby"):
+        sb = s["standby"]
+        state = f"ready after {sb.get('seconds')} s" if sb.get("ready") else "preloading"
+        lines.append(f"standby:  generation {sb.get('generation')}, {sb.get('ranks')} ranks, {state}")
     if s.get("dropped"):
         lines.append("dropped messages: " + format_fields(s["dropped"]))
     if s.get("job"):

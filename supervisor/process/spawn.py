@@ -114,6 +114,12 @@ class RankProcess:
         except (ConnectionError, OSError):
             return False
 
+    @property
+    def is_ready(self) -> bool:
+        """Preloaded and waiting for its go, now."""
+        r = self._ready
+        return r.done() and not r.cancelled() and r.result()
+
     async def ready(self) -> bool:
         """True once the bootstrap finished its preload; False if it died first."""
         # shielded: a waiter that gives up must not cancel the reading itself

@@ -485,6 +485,7 @@ class Supervisor:
         # the daemon's own health: how late its loop ran, and for how long it was stalled
         out["loop"] = {"worst_lag": round(lw.worst_lag, 4), "stalls": len(lw.stalls),
                        "stalled_seconds": round(lw.stalled_total, 3)}  # fmt: skip
+        out["standby"] = self._launcher.standby
         return out
 
     def _status_of_ranks(self) -> dict[str, Any]:

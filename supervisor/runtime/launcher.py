@@ -72,6 +72,8 @@ class Launcher:
         self.topology = cfg.topology  # this node's place in the job, as of the last round
         self._containment: Containment | None = None  # the run's, found with the first generation
         self._containing = asyncio.Lock()
+        # the next generation's standbys: spawned, ready (preloaded) and how long that took
+        self.standby: dict[str, Any] | None = None
 
     async def prepare(self, number: int, *, standby: bool, topology: Topology | None = None) -> Generation:
         """Spawn a generation's ranks; they wait for their go. Until the
@@ -180,12 +182,32 @@ class Launcher:
             return None
         if not all(ready.result()) or current.ended.is_set():
             return None
+        since = self._clock.monotonic()
         try:
-            return await self.prepare(current.number + 1, standby=True, topology=current.topology)
+            upcoming = await self.prepare(current.number + 1, standby=True, topology=current.topology)
         except OSError as exc:  # its log files (a full disk): the next generation starts cold
             self._events.emit("standby_failed", logging.WARNING, generation=current.number + 1,
                               error=f"{exc.strerror or exc}", path=exc.filename)  # fmt: skip
             return None
+        self.standby = {"generation": upcoming.number, "ranks": len(upcoming.ranks), "ready": False}
+        self._start_task(self._announce_ready(upcoming, since), f"standby-ready-gen{upcoming.number}")
+        return upcoming
+
+    async def _announce_ready(self, gen: Generation, since: float) -> None:
+        """``standby_ready`` once every standby of ``gen`` has preloaded: from then on a
+        failure restarts at the cost of a go, not of importing torch."""
+        try:
+            ready = await asyncio.gather(*(r.ready() for r in gen.ranks.values()))
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            return  # dropped before it was ready
+        if not all(ready) or self.standby is None or self.standby["generation"] != gen.number:
+            return
+        seconds = round(self._clock.monotonic() - since, 3)
+        self.standby = {**self.standby, "ready": True, "seconds": seconds}
+        self._events.emit("standby_ready", generation=gen.number, ranks=len(ready), seconds=seconds)
 
     async def launch(self, gen: Generation, master_addr: str, master_port: int) -> None:
         for lr, rank in list(gen.ranks.items()):
@@ -202,8 +224,10 @@ class Launcher:
             node_rank=gen.topology.node_rank if gen.topology.nnodes > 1 else None,
             nnodes=gen.topology.nnodes if gen.topology.nnodes > 1 else None,
             standby_ranks=len(standby),
+            standby_ready=sum(1 for lr in standby if gen.ranks[lr].is_ready),
         )
         self._monitor.start_generation(gen.number, {r.slot.rank: r.pid for r in gen.ranks.values()})
+        self._forget_standby(gen)  # running now: there is no standby until the next is spawned
         for rank in gen.ranks.values():
             if rank.state is RankState.STANDBY:
                 rank.move_to(RankState.RUNNING)
@@ -220,8 +244,13 @@ class Launcher:
         if gen is not None:
             await self.drop(gen)
 
+    def _forget_standby(self, gen: Generation) -> None:
+        if self.standby is not None and self.standby["generation"] == gen.number:
+            self.standby = None
+
     async def drop(self, gen: Generation) -> None:
         """Stop ranks that never got their go, and forget their files and cgroup."""
+        self._forget_standby(gen)
         for rank in gen.ranks.values():
             rank.close_boot()
         ranks = list(gen.ranks.values())

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -269,3 +271,23 @@ def test_a_rank_stuck_in_the_kernel_ends_the_run_without_wedging(start: Start, t
         # reaches the trap: that first failure is restarted as any other)
         assert not [e for e in d.events("generation_started") if e["generation"] > stuck[0]["generation"]]
         trap.release()
+
+
+def test_standbys_say_when_they_are_ready_and_status_shows_it(start: Start) -> None:
+    # issue 13: nothing said whether the standbys were ready; generation_started said
+    # standby_ranks=2 either way
+    d = start(*FAST, "--max-restarts", "2", BEHAVE, "--forever")
+    ready = d.wait_event("standby_ready")[0]
+    assert ready["generation"] == 1 and ready["ranks"] == 2 and ready["seconds"] >= 0
+    d.signal(signal.SIGUSR1)
+    shown = d.wait_event("status")[0]["standby"]
+    assert shown == {"generation": 1, "ranks": 2, "ready": True, "seconds": ready["seconds"]}
+    table = subprocess.run([sys.executable, "-m", "supervisor", "status", "--pid", str(d.pid)],
+                           capture_output=True, text=True, timeout=30, check=True).stdout  # fmt: skip
+    assert f"standby:  generation 1, 2 ranks, ready after {ready['seconds']} s" in table, table
+    os.kill(rank_pids(d, 0)[1], signal.SIGKILL)
+    started = d.wait_event("generation_started", where=lambda e: e["generation"] == 1)[0]
+    assert started["standby_ranks"] == 2 and started["standby_ready"] == 2
+    d.wait_event("standby_ready", where=lambda e: e["generation"] == 2)
+    d.signal(signal.SIGTERM)
+    assert d.wait() == 128 + signal.SIGTERM
