@@ -90,7 +90,9 @@ def test_a_restart_ends_the_failed_generations_escapees(
     d.wait_event("generation_started", where=lambda e: e["generation"] == 1)
     _none_alive(first, "generation 0's escapees to die with it")
     second = _all_of(escapees, 1)
-    assert all(_escapee(p) for p in second)  # each generation has a cgroup of its own
+    # each generation has a cgroup of its own: generation 1's escapees live on (their pid
+    # files are written just before they exec sleep)
+    wait_until(lambda: all(_escapee(p) for p in second), 10, "generation 1's escapees to run")
     d.signal(signal.SIGUSR1)
     shown = d.wait_event("status")[0]["containment"]
     assert shown["mode"] == "cgroup" and shown["cgroup"].endswith("/gen-1"), shown
