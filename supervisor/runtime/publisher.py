@@ -33,6 +33,8 @@ class Publisher:
         self.known: set[bytes] = {b""}  # every published name and each of its prefixes
         self._published: set[bytes] = set()
         self.refused: Counter[str] = Counter()
+        self._draining = False  # a drain is scheduled
+        self._running = False  # run() reads subscriptions (the socket is open)
 
     def publish(self, topic: bytes, line: bytes) -> None:
         if topic not in self._published:
@@ -40,19 +42,39 @@ class Publisher:
             self.known.update(topic[:n] for n in range(len(topic) + 1))
         with contextlib.suppress(zmq.ZMQError):  # full (a slow subscriber): dropped, never waited for
             self._sync.send_multipart([topic, line], zmq.NOBLOCK)
+        self._after_send()
+
+    def _after_send(self) -> None:
+        """A send processes the socket's pending commands, and with them may take the
+        edge that would have woken the reader for a subscription that just came in:
+        look for one now, or it waits for the next edge (which may never come)."""
+        if not self._running or self._draining:
+            return
+        try:
+            if not int(self._sync.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                return
+        except zmq.ZMQError:  # closed under us: the daemon is ending
+            return
+        asyncio.get_running_loop().call_soon(self._drain)
+        self._draining = True
 
     async def run(self) -> None:
         """Read subscriptions until cancelled (edge-triggered, as the monitor reads)."""
         loop = asyncio.get_running_loop()
         fd = int(self._sync.getsockopt(zmq.FD))
         loop.add_reader(fd, self._drain)
+        self._running = True
         try:
             self._drain()
             await loop.create_future()
         finally:
+            self._running = False
             loop.remove_reader(fd)
 
     def _drain(self) -> None:
+        self._draining = False
+        if not self._running:
+            return
         for _ in range(BATCH):
             if not int(self._sync.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 return
@@ -62,6 +84,7 @@ class Publisher:
                 return
             self._subscription(message)
         asyncio.get_running_loop().call_soon(self._drain)
+        self._draining = True
 
     def _subscription(self, message: bytes) -> None:
         """\\x01topic subscribes, \\x00topic unsubscribes (the peer's, the last one read)."""

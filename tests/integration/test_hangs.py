@@ -31,7 +31,7 @@ def _stderr_log(d: Daemon, generation: int, local_rank: int) -> str:
 def test_a_rank_that_stops_heartbeating_is_found_dumped_killed_and_restarted(start: Start) -> None:
     d = start(*FAST, "--max-restarts", "1", "--ft-rank-heartbeat-timeout", "0.5",
               MONITORED, "--heartbeat", "--hang-at", "5")  # fmt: skip
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     hung = d.events("rank_hung")
     assert [(e["rank"], e["kind"], e["timeout"]) for e in hung] == [(1, "heartbeat", 0.5)]
     assert hung[0]["open_for"] >= 0.5
@@ -57,7 +57,7 @@ def test_a_section_open_too_long(start: Start) -> None:
         "0",
     )
     d = start(*FAST, *options, MONITORED, "--section", "step", "--hang-at", "3")
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     hung = d.events("rank_hung")
     assert [(e["kind"], e["section"]) for e in hung] == [("section", "step")]
 
@@ -78,14 +78,14 @@ def test_warmup_iterations_do_not_trip_the_step_timeout(start: Start) -> None:
 def test_out_of_section_timeout_for_a_workload_without_sections(start: Start) -> None:
     d = start(*FAST, "--max-restarts", "1", "--ft-rank-out-of-section-timeout", "0.5",
               MONITORED, "--iterations", "--hang-at", "4", "--hang-how", "outside")  # fmt: skip
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     assert [e["kind"] for e in d.events("rank_hung")] == ["out_of_section"]
 
 
 def test_a_sigstopped_rank_is_found_and_killed(start: Start) -> None:
     d = start(*FAST, "--max-restarts", "1", "--ft-rank-heartbeat-timeout", "0.5",
               MONITORED, "--heartbeat", "--hang-at", "5", "--hang-how", "stop")  # fmt: skip
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     assert d.events("rank_hung")[0]["rank"] == 1
     assert "SIGSTOP" not in d.stderr()
     assert "most recent call first" in _stderr_log(d, 0, 1)  # SIGCONT let it dump
@@ -163,7 +163,7 @@ def _garbage_everywhere(endpoints: Path) -> None:
         events.send(b"junk", zmq.NOBLOCK)
         events.close()
     finally:
-        ctx.term()
+        ctx.destroy(linger=0)  # closes the sockets a failed assertion left open
 
 
 def _status(pid: int) -> dict[str, object]:
@@ -226,7 +226,7 @@ def test_a_clean_run_that_says_bye_still_teaches_timeouts(start: Start, tmp_path
     d = start(*FAST, "--state-dir", str(state), "--ft-rank-section-timeouts", "step:none,checkpointing:none",
               "--ft-num-warmup-iterations", "2", MONITORED, "--section", "step", "--steps", "24",
               "--checkpoint-every", "8", "--bye")  # fmt: skip
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     learned = d.events("timeouts_learned")[0]["learned"]["sections"]
     assert set(learned) == {"step", "checkpointing"}
     assert json.loads((state / "timeouts.json").read_text())["learned"]["sections"] == learned

@@ -126,7 +126,7 @@ def test_a_full_log_filesystem_degrades_the_event_log_not_supervision(
         wait_until(lambda: "generation_started generation=1" in d.stderr(), 30, "the restart")
         filler.unlink()
         Path(f"{go}1").touch()
-        assert d.wait(timeout=60) == 0, d.stderr()
+        assert d.wait(timeout=60) == 0, d.story()
         assert d.stderr().count("event_log_degraded") == 1  # said once
         names = [e["event"] for e in d.events()]
         # what could not be written at the time was kept and written once there was room
@@ -311,7 +311,7 @@ def test_subscriptions_to_the_events_socket_are_bounded(start: Start) -> None:
         greedy.close()
         listener.close()
     finally:
-        ctx.term()
+        ctx.destroy(linger=0)  # closes the sockets a failed assertion left open
     d.signal(signal.SIGTERM)
     assert d.wait(timeout=30) == 128 + signal.SIGTERM
 
