@@ -128,6 +128,8 @@ def _yaml(text: str) -> object:
         finally:
             loader.dispose()
     except Exception as exc:  # as for TOML: anything the parser raises is the file's fault
+        if "maximum nesting depth" in str(exc):  # libyaml 0.2.6+ stops at 1000 levels, before us
+            raise ConfigFileError(f"not valid YAML: nested deeper than {MAX_DEPTH} levels") from None
         raise ConfigFileError(f"not valid YAML: {_one_line(exc)}") from None
 
 
