@@ -136,9 +136,11 @@ def classify_lines(
     where = Screen(p for r in rules for p in r.patterns).index(text)
     rank = failure.exit.rank if failure is not None else None
     hits = [h for r in rules if _in(r, scopes) and (h := _rule_hit(r, text, failure, where)) is not None]
-    if failure is not None and _killed_from_outside(failure):
+    if failure is not None and (_killed_from_outside(failure) or failure.hang is not None):
         # SIGKILL cannot be a rank's own reaction to a peer's death (that raises, then
-        # exits): a line blaming a peer was written by another process, or is beside the point
+        # exits): a line blaming a peer was written by another process, or is beside the
+        # point. A hung rank's peers were stopped because of it: a reset connection it
+        # reports afterwards is the consequence of its hang, not the cause
         hits = [h for h in hits if not h.rule.blame_peer]
     leaves = [h for h in hits if not (h.rule.wrapper or h.rule.fallback)]
     wrappers = [h for h in hits if h.rule.wrapper]

@@ -29,13 +29,27 @@ def _size(path: Path) -> int:
 
 
 async def dump_stacks(pid: int, signum: int, log: Path, timeout: float) -> str:
-    """Signal ``pid`` for a stack dump; return what it appended to ``log``."""
+    """Signal ``pid`` for a stack dump; return what it appended to ``log``.
+
+    A stopped rank is stopped again once it has answered: resumed, it would go on
+    training, and what it then wrote (its peer's connection reset as we stop the
+    peer) would read as a new failure of its own."""
     before = _size(log)
+    stopped = process_state(pid) == "T"
     try:
         os.kill(pid, signum)
         os.kill(pid, signal.SIGCONT)
     except (ProcessLookupError, PermissionError):
         return ""
+    try:
+        return await _read_dump(log, before, timeout)
+    finally:
+        if stopped:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGSTOP)
+
+
+async def _read_dump(log: Path, before: int, timeout: float) -> str:
     deadline = time.monotonic() + timeout
     size, changed = before, time.monotonic()
     while time.monotonic() < deadline:

@@ -11,6 +11,7 @@ classify`` agrees with the daemon's reason.json.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ def test_lightning_boring_model_hang_blames_the_stuck_rank_not_its_waiting_peer(
 ) -> None:
     d = start("--nproc-per-node", "2", "--max-restarts", "1", *SECTIONS,
               BORING, "--ckpt-dir", str(tmp_path / "ckpt"), "--fault", "hang")  # fmt: skip
-    assert d.wait(timeout=150) == 0, d.stderr()
+    assert d.wait(timeout=150) == 0, d.story()
     # rank 0 opened the step first and waits in DDP's all-reduce: its deadline fired...
     assert [(e["rank"], e["section"]) for e in d.events("deadline_missed")] == [(0, "step")]
     # ...but rank 1, stuck in training_step, is the one declared hung and killed
@@ -82,7 +83,7 @@ def test_lightning_boring_model_crash_while_its_peer_waits_is_no_hang(start: Sta
     # all-reduce for a peer that already failed; that is not a new hang
     d = start("--nproc-per-node", "2", "--max-restarts", "1", *SECTIONS, BORING,
               "--ckpt-dir", str(tmp_path / "ckpt"), "--fault", "raise", "--slow-exit", "5")  # fmt: skip
-    assert d.wait(timeout=150) == 0, d.stderr()
+    assert d.wait(timeout=150) == 0, d.story()
     assert not d.events("rank_hung")
     assert [e["rank"] for e in d.events("deadline_ignored")] == [0]
     assert not d.events("stacks_dumped")  # the exiting rank was not signalled for its stacks
@@ -98,7 +99,7 @@ def test_ddp_tutorial_two_kills_an_epoch_apart_restart_twice(start: Start, tmp_p
     d = start("--nproc-per-node", "2", "--max-restarts", "3", str(RANKS / "ddp_tutorial.py"),
               "--checkpoint", str(tmp_path / "ck.pt"), "--steps", "90", "--save-every", "15",
               "--step-time", "0.005", "--kill-at", "20,70")  # fmt: skip
-    assert d.wait(timeout=150) == 0, d.stderr()
+    assert d.wait(timeout=150) == 0, d.story()
     assert _decisions(d) == [
         (0, "restart", "rank_failed", 1, "X-SIGKILL"),
         (1, "restart", "rank_failed", 1, "X-SIGKILL"),
@@ -120,19 +121,22 @@ def test_nvrx_heartbeats_null_timeouts_calculated_at_once_find_a_stopped_rank(
     d = start("--nproc-per-node", "2", "--max-restarts", "1", "--ft-cfg-path", str(config),
               "--ft-learned-timeout-floor", "2", str(RANKS / "nvrx_heartbeats.py"),
               "--output-dir", str(out))  # fmt: skip
-    assert d.wait(timeout=150) == 0, d.stderr()
+    assert d.wait(timeout=150) == 0, d.story()
     # nothing was enforced, and the daemon said so, until the script calculated them
     assert d.events("heartbeats_unmonitored")
     calculated = d.events("timeouts_calculated")[0]
     assert calculated["in_force"]["heartbeat"] == 2.0  # at once, at the floor
-    assert "calculated HeartbeatTimeouts(initial=2.0, subsequent=2.0, were_calculated=True)" in d.stdout()
+    # the initial one covers init to the first heartbeat, as seen (longer on a busy node)
+    calc = r"calculated HeartbeatTimeouts\(initial=([\d.]+), subsequent=2.0, were_calculated=True\)"
+    initial = re.search(calc, d.stdout())
+    assert initial is not None and float(initial[1]) >= 2.0, d.stdout()
     hung = d.events("rank_hung")
     assert [(e["rank"], e["kind"], e["blamed_by"]) for e in hung] == [(1, "heartbeat", "stacks")]
     assert "stopped (SIGSTOP" in hung[0]["evidence"]
     assert hung[0]["open_for"] >= 2.0
     assert _decisions(d) == [(0, "restart", "rank_hung", 1, "HANG")]
     # generation 1 loaded the calculated timeouts from the checkpoint and finished
-    assert "rank 1 generation 1 starts at epoch 1: HeartbeatTimeouts(initial=2.0" in d.stdout()
+    assert f"rank 1 generation 1 starts at epoch 1: HeartbeatTimeouts(initial={initial[1]}" in d.stdout()
     assert "rank 1 generation 1 done" in d.stdout()
     assert _classify_agrees(d)["last_failure"]["rank"] == 1
 
@@ -152,7 +156,7 @@ def test_what_a_killed_ranks_forked_helper_says_after_its_death_decides_nothing(
     # inherited excepthook reports it as the rank's: the rank's own SIGKILL decides
     d = start("--nproc-per-node", "2", "--max-restarts", "1", "--preload", "none",
               str(RANKS / "orphan_speaks.py"))  # fmt: skip
-    assert d.wait(timeout=60) == 0, d.stderr()
+    assert d.wait(timeout=60) == 0, d.story()
     assert _decisions(d) == [(0, "restart", "rank_failed", 1, "X-SIGKILL")]
     # the helper's report is told apart by its pid (when it arrives before the generation ends)
     assert all(e["exc_type"] == "ConnectionResetError" for e in d.events("child_exception"))
@@ -165,7 +169,7 @@ def test_a_heartbeat_timeout_the_user_set_is_never_tightened_by_learning(start: 
     d = start("--nproc-per-node", "2", "--preload", "none", "--ft-rank-heartbeat-timeout", "3",
               str(RANKS / "monitored.py"), "--heartbeat", "--steps", "24", "--step-time", "0.1",
               "--checkpoint-every", "8")  # fmt: skip
-    assert d.wait(timeout=60) == 0, d.stderr()
+    assert d.wait(timeout=60) == 0, d.story()
     [learned] = d.events("timeouts_learned")
     assert 0.5 <= learned["learned"]["heartbeat"] < 1.5  # 5 x the longest gap (about 0.2 s)
     assert learned["in_force"]["heartbeat"] == 3.0  # the user's value stands

@@ -172,3 +172,16 @@ def test_what_reached_a_ranks_log_after_it_died_explains_only_what_nothing_else_
     assert classify_rank(RULES, own).rule == "P9"  # its own last words win
     silent = _failure(1, status=ExitStatus(code=1), after_exit=late)
     assert classify_rank(RULES, silent).rule == "C1"  # nothing else explains it
+
+
+def test_a_hung_ranks_reset_connection_is_the_consequence_of_its_hang() -> None:
+    # a SIGSTOPped rank, resumed for its stack dump, read its peer's reset as the daemon
+    # stopped the peer: its hang was called a peer's failure (D5) and blamed on itself
+    hang = Hang(1, HangKind.HEARTBEAT, None, open_for=2.0, timeout=2.0, late_by=0.001)
+    ours = RankExit(1, 1, 101, ExitStatus(signal=9), at=1.0, at_wall=1.0, terminated=True)
+    gloo = "RuntimeError: [pair.cc:537] Read error [127.0.0.1]:47489: Connection reset by peer."
+    hung = RankFailure(exit=ours, log_tail=(gloo,), hang=hang, hang_at=0.9)
+    c = classify_rank(RULES, hung)
+    assert (c.rule, c.peer, c.rank) == ("HANG", False, 1)
+    peer = _failure(0, gloo, at=1.01)  # the peer, which did fail because of the hang
+    assert (classify(RULES, Evidence(failures=(hung, peer))).rule) == "HANG"
