@@ -65,10 +65,12 @@ def daemons(tmp_path: Path) -> Iterator[list[Daemon]]:
 
 @pytest.fixture
 def start(tmp_path: Path, daemons: list[Daemon]):  # type: ignore[no-untyped-def]
-    def _start(*args: str, env: dict[str, str] | None = None, run_id: str = "t") -> Daemon:
+    def _start(
+        *args: str, env: dict[str, str] | None = None, run_id: str = "t", prefix: tuple[str, ...] = ()
+    ) -> Daemon:
         sub = tmp_path / f"d{len(daemons)}"
         sub.mkdir()
-        d = Daemon(sub, args, env=env, run_id=run_id)
+        d = Daemon(sub, args, env=env, run_id=run_id, prefix=prefix)
         daemons.append(d)
         return d
 

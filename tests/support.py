@@ -55,7 +55,12 @@ class Daemon:
     """``ft-supervisor run`` in a subprocess, observed through its files."""
 
     def __init__(
-        self, tmp: Path, args: Iterable[str], env: dict[str, str] | None = None, run_id: str = "t"
+        self,
+        tmp: Path,
+        args: Iterable[str],
+        env: dict[str, str] | None = None,
+        run_id: str = "t",
+        prefix: Iterable[str] = (),  # a wrapper that execs the daemon (setpriv...)
     ) -> None:
         self.tmp = tmp
         self.log_dir = tmp / "logs"
@@ -63,6 +68,7 @@ class Daemon:
         self.stdout_path = tmp / "daemon.stdout"
         self.stderr_path = tmp / "daemon.stderr"
         argv = [
+            *prefix,
             sys.executable,
             "-m",
             "supervisor",
@@ -136,13 +142,23 @@ class Daemon:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            raise Timeout(f"daemon still running after {timeout}s\n{self.stderr()}") from None
+            raise Timeout(f"daemon still running after {timeout}s\n{self.story()}") from None
 
     def stdout(self) -> str:
         return self.stdout_path.read_text(errors="replace")
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")
+
+    def story(self, tail: int = 40) -> str:
+        """A failed assertion's message: the daemon's own lines (its decisions and why),
+        then the last lines of the ranks' output, then the daemon's lines again; a CI
+        excerpt cut at either end still shows what the daemon decided."""
+        lines = self.stderr().splitlines()
+        own = "\n".join(line for line in lines if line.startswith("[ft-supervisor]"))
+        ranks = "\n".join([line for line in lines if not line.startswith("[ft-supervisor]")][-tail:])
+        code = self.proc.poll()
+        return f"exit code {code}\n{own}\n--- ranks (last {tail} lines):\n{ranks}\n--- daemon:\n{own}"
 
     def close(self) -> None:
         if self.proc.poll() is None:

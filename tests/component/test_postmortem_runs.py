@@ -48,7 +48,7 @@ def _reason(run_dir: Path) -> dict[str, Any]:
 def test_a_run_that_recovered_says_it_succeeded_and_what_it_recovered_from(start: Start) -> None:
     d = start(*FAST, "--max-restarts", "2", BEHAVE,
               "--fail-rank", "1", "--fail-generations", "0", "--kill-self", "SIGKILL")  # fmt: skip
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     # the next generation's standbys were stopped when the run ended: the latest
     # generation in rank_exited, though it never started
     assert max(e["generation"] for e in d.events("rank_exited")) == 2

@@ -21,7 +21,7 @@ def test_a_finished_flag_stops_a_rerun_before_any_rank_starts(start: Start, tmp_
     flag = tmp_path / "finished"
     flag.write_text("{}")
     d = start(*FAST, "--finished-flag-file", str(flag), BEHAVE, "--exit", "1")
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     assert "already_finished" in d.stderr() and str(flag) in d.stderr()
     assert d.run_dir() is None  # no run at all: no ranks, no event log
 
@@ -31,7 +31,7 @@ def test_autoresume_marks_a_completed_run_and_ranks_see_the_flag(start: Start, t
     dump = tmp_path / "env"
     dump.mkdir()
     d = start(*FAST, "--autoresume", "--finished-flag-file", str(flag), ENVDUMP, str(dump), run_id="job9")
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     assert json.loads(flag.read_text())["run_id"] == "job9"
     assert d.events("finished_flag_written")[0]["path"] == str(flag)
     for r in (0, 1):

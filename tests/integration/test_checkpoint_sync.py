@@ -119,7 +119,7 @@ def test_a_normal_end_syncs_the_last_checkpoint(start: Start, tmp_path: Path) ->
         "--step-time",
         "0",
     )
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     skipped = d.events("checkpoint_restore_skipped")
     assert [e["reason"] for e in skipped] == ["dest_empty"]
     synced = d.events("checkpoint_synced")
@@ -151,7 +151,7 @@ def test_retention_keeps_the_k_newest_at_dest_and_all_in_local(start: Start, tmp
         "--wait-dest",
         str(dest),
     )
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     assert sorted(committed(dest)) == ["step_000003.json", "step_000004.json"]
     pruned = [n for e in d.events("checkpoint_pruned") for n in e["entries"]]
     assert sorted(pruned) == ["step_000000.json", "step_000001.json", "step_000002.json"]

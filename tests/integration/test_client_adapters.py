@@ -52,7 +52,7 @@ def test_an_unmodified_nvrx_script_hangs_is_dumped_and_restarted(start: Start, t
               "--ft-rank-out-of-section-timeout", "10", "--ft-rank-heartbeat-timeout", "10",
               "--ft-learned-timeout-floor", "1",
               NVRX, "--output_dir", str(out), "--hang_rank", "0", "--hang_iter", "7")  # fmt: skip
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     # rank 1 (no collectives here) finished first and calculated the heartbeat timeout,
     # which applies to the whole node at once, as NVRx's all-reduced values do: rank 0's
     # silence or its step, whichever deadline came first
@@ -93,7 +93,7 @@ def test_an_nvrx_state_file_brings_its_timeouts_to_the_daemon(start: Start, tmp_
     (out / "ft_state.json").write_text(json.dumps(NVRX_STATE))
     d = start(*FAST, "--ft-rank-section-timeouts", "init:10,step:10,checkpoint:10",
               "--ft-rank-heartbeat-timeout", "30", NVRX, "--output_dir", str(out))  # fmt: skip
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     # the daemon keeps all it was given, and applies what is monitored here: no
     # initial-heartbeat or out-of-section timeout is configured, so those are not
     restored = d.events("timeouts_restored")
@@ -144,7 +144,7 @@ def test_megatron_hooks_step_times_out_after_warmup(start: Start, tmp_path: Path
               "--ft-rank-out-of-section-timeout", "5", "--ft-num-warmup-iterations", "2",
               MEGATRON, "--save-dir", str(save), "--slow-warmup", "2", "--slow-time", "0.7", "--iters", "46",
               "--save-every", "8", "--eval-every", "10", "--hang-rank", "1", "--hang-iter", "36")  # fmt: skip
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     assert _hangs(d) == [(0, 1, "section", "step")]
     dumped = _dumped_of_hung(d)
     assert dumped["rank"] == 1 and "megatron_style.py" in dumped["stacks"]
@@ -171,7 +171,7 @@ def test_simulated_faults_are_detected_and_recovered(start: Start, desc: str) ->
     env = dict(os.environ, FT_SIM_FAULT_DESC=desc)
     d = start(*FAST, "--ft-rank-heartbeat-timeout", "0.5", "--ft-rank-section-timeouts", "step:5",
               FAULTY, env=env, run_id=RUN_ID)  # fmt: skip
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     assert f"rank {rank} generation 0 armed=True" in d.stdout()
     assert f"rank {1 - rank} generation 0 armed=False" in d.stdout()
     assert "generation 1 armed=True" not in d.stdout()  # generation 0 only

@@ -111,7 +111,7 @@ def test_a_restart_ends_the_failed_generations_escapees(
 
 def test_a_normal_exit_leaves_no_escapee(contained: None, start: Start, escapees: Path) -> None:
     d = start(*FAST, ESCAPES, str(escapees))
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     _none_alive(_all_of(escapees, 0), "the escapees to die with the run")
 
 

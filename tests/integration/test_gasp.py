@@ -21,7 +21,7 @@ def _saved(where: Path, rank: int, gen: int = 0) -> dict[str, object]:
 
 def test_a_crash_asks_the_survivor_to_save_before_the_restart(start: Start, tmp_path: Path) -> None:
     d = start(*FAST, "--max-restarts", "1", SAVER, "--dir", str(tmp_path), "--crash-rank", "1")
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     (asked,) = d.events("save_requested")
     assert asked["ranks"] == [0] and asked["generation"] == 0 and asked["why"] == "generation 0 failed"
     (finished,) = d.events("save_finished")

@@ -156,7 +156,7 @@ def test_sighup_reloads_the_config_file_and_leaves_the_ranks_alone(
     assert sorted(rank_pids(d)) == pids and all(alive(p) for p in pids)  # the same ranks throughout
     assert d.events("stop_requested") == [] and d.events("generation_ended") == []
     (tmp_path / "release").touch()
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
 
 
 def test_without_a_config_file_sighup_still_stops_the_run_like_torchrun(start: Start, tmp_path: Path) -> None:
@@ -183,7 +183,7 @@ def test_an_orphan_of_a_rank_comes_back_to_the_daemon_and_is_reaped(start: Start
     assert proc_state(pid) is None  # no zombie left (its pid is not the ranks' to recycle so soon)
     assert d.events("hosting")[0]["subreaper"] is True
     (tmp_path / "release").touch()
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
 
 
 def _unshare_allowed() -> str | None:
@@ -241,7 +241,7 @@ def test_as_pid_1_of_a_container_it_reaps_orphans_and_keeps_the_exit_codes(tmp_p
         zombies = [c for c in _children(daemon) if proc_state(c) == "Z"]
         assert [_inner_pid(c) for c in zombies] == []
         (tmp_path / "release").touch()
-        assert d.wait() == 0, d.stderr()  # the contract's success, through unshare
+        assert d.wait() == 0, d.story()  # the contract's success, through unshare
         assert d.events("run_finished")[0]["exit_code"] == 0
     finally:
         d.close()

@@ -61,7 +61,7 @@ def test_simulated_fault_params_reach_the_faults_module(start: Start, tmp_path: 
     d = start("--nproc-per-node", "2", "--max-restarts", "1", *SECTIONS,
               SCRIPT, "--ckpt-dir", str(tmp_path / "ckpt"), "--max-steps", "20", "--simulated-fault", fault,
               env=_env(None))  # fmt: skip
-    assert d.wait(timeout=120) == 0, d.stderr()
+    assert d.wait(timeout=120) == 0, d.story()
     gen0 = {e["rank"]: e for e in d.events("rank_exited") if e["generation"] == 0}
     assert gen0[1].get("signal") == "SIGKILL"
     out = d.stdout()

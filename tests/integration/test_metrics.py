@@ -134,7 +134,7 @@ def test_a_taken_port_is_reported_and_the_run_goes_on(start: Start) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         d = start(*FAST, "--metrics-port", str(port), BEHAVE, "--print", "hello")
-        assert d.wait() == 0, d.stderr()
+        assert d.wait() == 0, d.story()
     unavailable = d.events("metrics_unavailable")
     assert [(e["addr"], e["port"]) for e in unavailable] == [("127.0.0.1", port)]
     assert "in use" in unavailable[0]["error"]

@@ -54,7 +54,7 @@ def crashed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         d.wait_event("checkpoint_reported", where=lambda e: all(e[k] == v for k, v in saved.items()), count=2)
         victim = next(e["pid"] for e in d.events("rank_spawned") if (e["generation"], e["rank"]) == (0, 1))
         os.kill(victim, signal.SIGKILL)
-        assert d.wait() == 0, d.stderr()
+        assert d.wait() == 0, d.story()
     finally:
         d.close()
     wait_until(lambda: not pids_with_env(f"{LEAK_KEY}={token}".encode()), 10.0, "the run's processes to exit")
@@ -228,7 +228,7 @@ def test_the_demos_story_names_the_root_cause_and_failure_to_stepping(
     "rank 0's crash" and a go-signal latency 100x smaller than the report's restart)."""
     d = start("--nproc-per-node", "2", "--max-restarts", "3", str(REPO / "scripts" / "train.py"),
               "--steps", "40", "--crash-at-step", "20", "--snapshot", str(tmp_path / "snap.pt"))  # fmt: skip
-    assert d.wait(timeout=120) == 0, d.stderr()
+    assert d.wait(timeout=120) == 0, d.story()
     assert main(["report", str(d.log_dir / "t")]) == 0
     text = capsys.readouterr().out
     ((_, incident),) = build(d.log_dir / "t").incidents

@@ -51,7 +51,7 @@ def test_ranks_get_the_environment_torchrun_gives_them(start: Start, tmp_path: P
         stderr=subprocess.DEVNULL,
     )
     d = start("--nproc-per-node", "2", str(RANKS / "envdump.py"), str(ours), env=env)
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     for rank in (0, 1):
         a = json.loads((theirs / f"rank{rank}.json").read_text())
         b = json.loads((ours / f"rank{rank}.json").read_text())
@@ -84,7 +84,7 @@ def test_crash_restart_resume_finish(start: Start, tmp_path: Path) -> None:
         "--snapshot",
         str(snapshot),
     )
-    assert d.wait(timeout=120) == 0, d.stderr()
+    assert d.wait(timeout=120) == 0, d.story()
     out = d.stdout()
     assert "[rank 1] injecting a fault at step 15 (raise)" in out
     assert "[rank 0] resuming from snapshot at step 10" in out
@@ -139,7 +139,7 @@ def test_twenty_consecutive_crash_restart_cycles(start: Start) -> None:
         "--crash-generations",
         "0-19",
     )
-    assert d.wait(timeout=400) == 0, d.stderr()[-3000:]
+    assert d.wait(timeout=400) == 0, d.story()[-3000:]
     assert [e["action"] for e in d.events("decision")] == ["restart"] * 20
     assert [e["generation"] for e in d.events("generation_started")] == list(range(21))
     assert d.events("run_finished")[0]["restarts_used"] == 20
