@@ -215,7 +215,8 @@ def render_status(s: dict[str, Any]) -> str:
     if s.get("standby"):
         sb = s["standby"]
         state = f"ready after {sb.get('seconds')} s" if sb.get("ready") else "preloading"
-        lines.append(f"standby:  generation {sb.get('generation')}, {sb.get('ranks')} ranks, {state}")
+        lines.append(f"standby:  generation {sb.get('generation')}, {sb.get('ranks')} ranks, {state}"
+                     + (f" ({sb['priority']} priority)" if sb.get("priority") else ""))
     if s.get("dropped"):
         lines.append("dropped messages: " + format_fields(s["dropped"]))
     if s.get("job"):

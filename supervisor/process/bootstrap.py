@@ -16,12 +16,21 @@ The daemon starts each rank as::
    daemon dies, even by SIGKILL; no daemon code has to run for that.
 2. Import the PRELOAD modules (comma separated, usually ``torch``). ``import
    torch`` is most of a restart's cost, so a standby rank pays it while the
-   previous generation is still training.
+   previous generation is still training. A go that arrives first ends the
+   preload after the module being imported: the program imports what it needs
+   itself, so a rank that got its go never waits for a module it may not use.
+   A standby (FLAGS ``idle``) preloads at SCHED_IDLE, so it takes only CPU time
+   the running generation leaves over, but only where it will be allowed back to
+   SCHED_OTHER (CAP_SYS_NICE, or an RLIMIT_NICE that allows nice 0): a rank must
+   never train at idle priority.
 3. Say ``ready`` on BOOT_FD and wait for the go: one JSON line with the
    environment values fixed only when the generation starts (MASTER_PORT...).
+   Every thread goes back to SCHED_OTHER before the program runs (the daemon
+   does that too, at once, for a standby that is not ready when its go comes).
 4. Run TARGET the way ``python -u script.py`` / ``python -u -m module`` would
    (KIND ``script`` / ``module``), or exec it (KIND ``exec``, ``--no-python``).
-   FLAGS (comma separated): ``fast-exit`` skips the last GC passes at exit.
+   FLAGS (comma separated): ``fast-exit`` skips the last GC passes at exit;
+   ``idle``: a standby, see 2.
 
 Standard library only, and nothing imported here may reach the daemon's modules.
 """
@@ -30,10 +39,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import sys
 
 _PR_SET_PDEATHSIG = 1
+_CAP_SYS_NICE = 23  # capabilities(7)
 _NOFILE_ENV = "FT_SUPERVISOR_NOFILE"  # the open-files limit the daemon was given (see daemon.py)
 # Frames that belong to the launch machinery, not to the user's program.
 _LAUNCH_FILES = frozenset({os.path.abspath(__file__), "<frozen runpy>"})
@@ -66,7 +77,55 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _preload(modules: str) -> None:
+def may_leave_idle() -> bool:
+    """Whether this process may go back from SCHED_IDLE to SCHED_OTHER at nice 0
+    (sched(7): CAP_SYS_NICE, or RLIMIT_NICE at least 20, i.e. nice 0 allowed)."""
+    import resource  # noqa: PLC0415
+
+    if not hasattr(os, "SCHED_IDLE"):
+        return False
+    soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
+    if soft == resource.RLIM_INFINITY or soft >= 20:
+        return True
+    try:
+        with open("/proc/self/status") as f:
+            caps = next((line.split()[1] for line in f if line.startswith("CapEff:")), "0")
+        return bool(int(caps, 16) >> _CAP_SYS_NICE & 1)
+    except (OSError, ValueError):
+        return False
+
+
+def _idle() -> None:
+    if may_leave_idle():
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except OSError:
+            pass
+
+
+def unidle(pid: int | str = "self") -> None:
+    """Every thread of ``pid`` back to SCHED_OTHER (threads started while idle inherited it)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            if os.sched_getscheduler(int(tid)) == os.SCHED_IDLE:
+                os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
+        except (OSError, ValueError):
+            pass
+
+
+def _go_arrived(fd: int) -> bool:
+    """The go (or the daemon's EOF) is waiting to be read."""
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    except (OSError, ValueError):
+        return False
+
+
+def _preload(modules: str, fd: int) -> None:
     import importlib  # noqa: PLC0415
 
     # The preload must be invisible: importing torch._dynamo, for one, writes
@@ -74,6 +133,8 @@ def _preload(modules: str) -> None:
     # environment it was given; torch re-derives such values when it needs them.
     environ = dict(os.environ)
     for name in filter(None, modules.split(",")):
+        if _go_arrived(fd):
+            break
         try:
             importlib.import_module(name)
         except Exception:  # noqa: S112
@@ -207,12 +268,17 @@ def main(argv: list[str]) -> None:
     _die_with_parent(int(parent_pid))
     _restore_descriptors()
     # Set before the preload: it must import from where the program will.
+    idle = "idle" in flags.split(",")
+    if idle:
+        _idle()
     if kind != "exec":
         sys.path[0] = _path0(kind, target)
-        _preload(preload)
+        _preload(preload, int(boot_fd))
     env = _await_go(int(boot_fd))
     if env is None:
         sys.exit(0)
+    if idle:
+        unidle()
     os.environ.update(env)
     try:
         _run(kind, target, args)

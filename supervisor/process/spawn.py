@@ -22,6 +22,7 @@ import orjson
 
 from supervisor.core.states import RankState, advance
 from supervisor.core.topology import RankSlot
+from supervisor.process.bootstrap import unidle
 from supervisor.process.cgroups import UNCONTAINED, Containment
 
 BOOTSTRAP = str(Path(__file__).with_name("bootstrap.py"))
@@ -38,7 +39,10 @@ class Program:
     preload: tuple[str, ...] = ()
     fast_exit: bool = True
 
-    def argv(self, boot_fd: int, parent_pid: int, cgroup: Path | None = None) -> list[str]:
+    def argv(
+        self, boot_fd: int, parent_pid: int, cgroup: Path | None = None, *, idle: bool = False
+    ) -> list[str]:
+        flags = [flag for flag, on in (("fast-exit", self.fast_exit), ("idle", idle)) if on]
         return [
             self.python,
             "-u",
@@ -47,7 +51,7 @@ class Program:
             str(parent_pid),
             "" if cgroup is None else str(cgroup),
             ",".join(self.preload),
-            "fast-exit" if self.fast_exit else "",
+            ",".join(flags),
             self.kind,
             self.target,
             *self.args,
@@ -125,6 +129,13 @@ class RankProcess:
         # shielded: a waiter that gives up must not cancel the reading itself
         return await asyncio.shield(self._ready)
 
+    def hurry(self) -> None:
+        """A standby still preloading at idle priority finishes at full priority: it
+        is then always ahead of a rank spawned cold (its own bootstrap would do it
+        only once the preload is over)."""
+        if not self.is_ready:
+            unidle(self.pid)
+
     def go(self, env: Mapping[str, str]) -> None:
         """Release the rank into its generation with the late environment values."""
         # The channel stays open until the rank exits: closing it while the
@@ -154,7 +165,7 @@ async def spawn_rank(
     try:
         with files.stdout.open("ab") as out, files.stderr.open("ab") as err:
             proc = await asyncio.create_subprocess_exec(
-                *program.argv(theirs.fileno(), os.getpid(), containment.cgroup),
+                *program.argv(theirs.fileno(), os.getpid(), containment.cgroup, idle=standby),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,

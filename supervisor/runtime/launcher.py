@@ -26,6 +26,7 @@ from supervisor.core.topology import (
     token_entry,
 )
 from supervisor.process import cgroups
+from supervisor.process.bootstrap import may_leave_idle
 from supervisor.process.cgroups import Containment
 from supervisor.process.orphans import off_loop, sweep_generation
 from supervisor.process.spawn import spawn_rank
@@ -38,6 +39,11 @@ from supervisor.runtime.events import EventLog
 from supervisor.runtime.generation import Generation
 from supervisor.runtime.monitor import Monitor
 from supervisor.runtime.rundir import RunDir
+
+# Standbys preload at SCHED_IDLE where the ranks may leave it (the daemon's
+# credentials and limits are theirs); elsewhere they wait for the generation to settle.
+IDLE_STANDBYS = may_leave_idle()
+STANDBY_SETTLE = 5.0
 
 StartTask = Callable[[Coroutine[Any, Any, None], str], None]
 
@@ -173,7 +179,11 @@ class Launcher:
     ) -> Generation | None:
         """Spawn the next generation's ranks once the current ones have preloaded.
 
-        Waiting for them keeps two generations from importing torch at once.
+        Waiting for them keeps two generations from importing torch at once. A
+        standby preloads at idle CPU priority where it may come back from it
+        (``bootstrap.may_leave_idle``); elsewhere it would compete with the
+        generation's own start-up, so it waits until every rank has stepped (or,
+        for ranks that report no steps, ``STANDBY_SETTLE`` seconds).
         """
         if not self.cfg.standby or restarts_left == 0:
             return None
@@ -182,6 +192,11 @@ class Launcher:
             return None
         if not all(ready.result()) or current.ended.is_set():
             return None
+        if not IDLE_STANDBYS:
+            await first(self._monitor.stepping.wait(), asyncio.sleep(STANDBY_SETTLE),
+                        current.ended.wait(), stopping.wait())  # fmt: skip
+            if current.ended.is_set() or stopping.is_set():
+                return None
         since = self._clock.monotonic()
         try:
             upcoming = await self.prepare(current.number + 1, standby=True, topology=current.topology)
@@ -189,7 +204,8 @@ class Launcher:
             self._events.emit("standby_failed", logging.WARNING, generation=current.number + 1,
                               error=f"{exc.strerror or exc}", path=exc.filename)  # fmt: skip
             return None
-        self.standby = {"generation": upcoming.number, "ranks": len(upcoming.ranks), "ready": False}
+        self.standby = {"generation": upcoming.number, "ranks": len(upcoming.ranks), "ready": False,
+                        "priority": "idle" if IDLE_STANDBYS else "normal"}  # fmt: skip
         self._start_task(self._announce_ready(upcoming, since), f"standby-ready-gen{upcoming.number}")
         return upcoming
 
@@ -207,7 +223,8 @@ class Launcher:
             return
         seconds = round(self._clock.monotonic() - since, 3)
         self.standby = {**self.standby, "ready": True, "seconds": seconds}
-        self._events.emit("standby_ready", generation=gen.number, ranks=len(ready), seconds=seconds)
+        self._events.emit("standby_ready", generation=gen.number, ranks=len(ready), seconds=seconds,
+                          priority=self.standby["priority"])  # fmt: skip
 
     async def launch(self, gen: Generation, master_addr: str, master_port: int) -> None:
         for lr, rank in list(gen.ranks.items()):
@@ -230,6 +247,7 @@ class Launcher:
         self._forget_standby(gen)  # running now: there is no standby until the next is spawned
         for rank in gen.ranks.values():
             if rank.state is RankState.STANDBY:
+                rank.hurry()
                 rank.move_to(RankState.RUNNING)
             rank.go(late)
         for lr, rank in gen.ranks.items():

@@ -89,6 +89,7 @@ class Monitor:
         self._timers: dict[int, _Timer] = {}
         self._hung: set[int] = set()
         self._stepping_ranks: set[int] = set()
+        self.stepping = asyncio.Event()  # every rank of the generation completed a step
         self._identity: bytes | None = None  # the sender of the message being handled
         self._told_unmonitored = False
         self._handler_errors: set[str] = set()  # message kinds whose handling raised (told once)
@@ -109,6 +110,7 @@ class Monitor:
         self.saves = {}
         self._hung = set()
         self._stepping_ranks = set()
+        self.stepping = asyncio.Event()
         self._base = self.learned
         self._keys = {}
 
@@ -326,6 +328,8 @@ class Monitor:
         if watch.rank in self._stepping_ranks or not self.progressed(watch.rank):
             return
         self._stepping_ranks.add(watch.rank)
+        if self._stepping_ranks >= self._ranks:
+            self.stepping.set()
         self._events.emit("rank_stepping", logging.DEBUG, generation=self.generation, rank=watch.rank,
                           iteration=watch.iteration)  # fmt: skip
 
@@ -346,6 +350,9 @@ class Monitor:
         request = schema.encode("save", id=request_id, reason=reason, deadline=deadline)
         try:
             self._sync.send_multipart([identity, request], zmq.NOBLOCK)
+            # the send may have taken the edge meant for a message that just came in
+            if int(self._sync.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                asyncio.get_running_loop().call_soon(self._drain)
         except zmq.ZMQError:
             return False
         return True

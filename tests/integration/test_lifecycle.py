@@ -23,7 +23,7 @@ Start = Callable[..., Daemon]
 
 def test_clean_run_exits_0_with_logs_and_events(start: Start) -> None:
     d = start(*FAST, BEHAVE, "--print", "hello")
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     assert "[rank 0] hello\n" in d.stdout() and "[rank 1] hello\n" in d.stdout()
     assert "[rank 1] err:hello\n" in d.stderr()
     run_dir = d.run_dir()
@@ -47,7 +47,7 @@ def test_clean_run_exits_0_with_logs_and_events(start: Start) -> None:
 
 def test_console_follows_redirects_tee_and_filters(start: Start) -> None:
     d = start(*FAST, "--redirects", "3", "--tee", "0:2", "--local-ranks-filter", "0", BEHAVE, "--print", "x")
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     assert "[rank" not in d.stdout()  # stdout redirected for both ranks
     assert "[rank 0] err:x" in d.stderr()  # rank 0's stderr is tee'd
     assert "[rank 1]" not in d.stderr()  # rank 1 is filtered out
@@ -71,7 +71,7 @@ def test_crash_restarts_with_warm_standbys_and_a_fresh_port(start: Start) -> Non
         "--exit",
         "3",
     )
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     decision = d.events("decision")
     assert [(e["action"], e["reason"]) for e in decision] == [("restart", "rank_failed")]
     assert "rank 1: exit code 3 [unclassified]" in decision[0]["detail"]
@@ -101,7 +101,7 @@ def test_without_standby_a_restart_spawns_fresh_ranks(start: Start) -> None:
         "--exit",
         "1",
     )
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     assert [g["standby_ranks"] for g in d.events("generation_started")] == [0, 0]
 
 
@@ -211,7 +211,7 @@ def test_sigkilled_daemon_leaves_no_rank_or_grandchild(
 
 def test_no_python_and_module_modes(start: Start, tmp_path: Path) -> None:
     d = start("--nproc-per-node", "2", "--no-python", "sh", "-c", 'echo "sh rank $RANK"')
-    assert d.wait() == 0, d.stderr()
+    assert d.wait() == 0, d.story()
     assert "[rank 1] sh rank 1" in d.stdout()
     pkg = tmp_path / "mod_pkg"
     pkg.mkdir()
@@ -281,7 +281,8 @@ def test_standbys_say_when_they_are_ready_and_status_shows_it(start: Start) -> N
     assert ready["generation"] == 1 and ready["ranks"] == 2 and ready["seconds"] >= 0
     d.signal(signal.SIGUSR1)
     shown = d.wait_event("status")[0]["standby"]
-    assert shown == {"generation": 1, "ranks": 2, "ready": True, "seconds": ready["seconds"]}
+    assert shown == {"generation": 1, "ranks": 2, "ready": True, "seconds": ready["seconds"],
+                     "priority": ready["priority"]}  # fmt: skip
     table = subprocess.run([sys.executable, "-m", "supervisor", "status", "--pid", str(d.pid)],
                            capture_output=True, text=True, timeout=30, check=True).stdout  # fmt: skip
     assert f"standby:  generation 1, 2 ranks, ready after {ready['seconds']} s" in table, table

@@ -1,0 +1,87 @@
+"""Standby ranks never slow the generation that runs (issue 13, item 1).
+
+A standby preloads at SCHED_IDLE where it may come back from it, is hurried to
+normal priority when its go comes before its preload is over, and where idle
+priority is not allowed (no CAP_SYS_NICE) it waits for the running generation to
+settle before it starts. A go that comes during the preload ends it: the program
+imports what it needs itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from supervisor.process.bootstrap import may_leave_idle
+from supervisor.runtime.launcher import STANDBY_SETTLE
+from tests.support import RANKS, Daemon, rank_pids, wait_until
+
+BEHAVE = str(RANKS / "behave.py")
+FAST = ("--nproc-per-node", "2", "--max-restarts", "2")
+Start = Callable[..., Daemon]
+# the daemon without CAP_SYS_NICE, as a job under a scheduler runs (RLIMIT_NICE stays 0)
+UNPRIVILEGED = ("setpriv", "--inh-caps=-sys_nice", "--bounding-set=-sys_nice")
+
+
+def _policies(pid: int) -> set[int]:
+    """The scheduling policy of every thread of ``pid``."""
+    found = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            found.add(os.sched_getscheduler(int(tid)))
+        except OSError:
+            continue  # the thread ended meanwhile
+    return found
+
+
+@pytest.mark.skipif(not may_leave_idle(), reason="needs CAP_SYS_NICE (or RLIMIT_NICE 20) to leave SCHED_IDLE")
+def test_a_standby_preloads_at_idle_priority_and_is_hurried_when_needed_early(
+    start: Start, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    env = {**os.environ, "FT_TEST_PRELOAD_GATE": str(gate)}
+    d = start(*FAST, "--preload", "slow_preload", BEHAVE, "--forever", env=env)
+    standbys = [e["pid"] for e in d.wait_event("rank_spawned", where=lambda e: e["generation"] == 1, count=2)]
+    # both standbys are inside their preload, spinning
+    wait_until(lambda: all(Path(f"{gate}.{pid}.in").exists() for pid in standbys), 30, "standbys preloading")
+    assert all(_policies(pid) == {os.SCHED_IDLE} for pid in standbys)
+    os.kill(rank_pids(d, 0)[1], signal.SIGKILL)
+    started = d.wait_event("generation_started", where=lambda e: e["generation"] == 1)[0]
+    assert started["standby_ranks"] == 2 and started["standby_ready"] == 0
+    # needed before it was ready: it finishes its preload at normal priority, every thread
+    wait_until(lambda: all(_policies(pid) == {os.SCHED_OTHER} for pid in standbys), 10, "standbys hurried")
+    assert not gate.exists() and not d.events("standby_ready")  # hurried while still preloading
+    gate.touch()
+    d.wait_event("standby_ready", where=lambda e: e["generation"] == 2)
+    assert d.events("standby_ready")[-1]["priority"] == "idle"
+    d.signal(signal.SIGTERM)
+    assert d.wait() == 128 + signal.SIGTERM, d.story()
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_without_cap_sys_nice_standbys_wait_for_the_generation_to_settle(start: Start) -> None:
+    d = start(*FAST, "--preload", "none", BEHAVE, "--forever", prefix=UNPRIVILEGED)
+    ready = d.wait_event("standby_ready", timeout=STANDBY_SETTLE + 30)[0]
+    assert ready["priority"] == "normal"
+    go = d.events("generation_started")[0]["t_mono"]
+    spawned = [e["t_mono"] for e in d.events("rank_spawned") if e["generation"] == 1]
+    # behave.py reports no steps: the standbys wait out the settling time
+    assert len(spawned) == 2 and min(spawned) - go >= STANDBY_SETTLE
+    assert all(_policies(pid) == {os.SCHED_OTHER} for pid in rank_pids(d, 1))
+    d.signal(signal.SIGTERM)
+    assert d.wait() == 128 + signal.SIGTERM, d.story()
+
+
+def test_a_go_during_the_preload_ends_it(start: Start, tmp_path: Path) -> None:
+    mark = tmp_path / "late"
+    env = {**os.environ, "FT_TEST_PRELOAD_MARK": str(mark)}
+    d = start("--nproc-per-node", "2", "--preload", "go_preload,late_preload", BEHAVE, "--print", "ran",
+              env=env)  # fmt: skip
+    assert d.wait(timeout=60) == 0, d.story()
+    assert "[rank 0] ran\n" in d.stdout() and "[rank 1] ran\n" in d.stdout()
+    assert not list(tmp_path.glob("late.*"))  # the go came first: the rest was never imported
