@@ -295,9 +295,16 @@ def killpg(pgid: int, signum: int) -> None:
         os.killpg(pgid, signum)
 
 
+HOGS: set[int] = set()  # --hogs: ours, but no launcher's leftovers
+
+
 def our_descendants() -> dict[int, ProcStat]:
     table = process_table()
-    return {pid: table[pid] for pid in descendants(os.getpid(), table) if table[pid].state != "Z"}
+    return {
+        pid: table[pid]
+        for pid in descendants(os.getpid(), table)
+        if table[pid].state != "Z" and pid not in HOGS
+    }
 
 
 def reap_children() -> None:
@@ -349,6 +356,7 @@ class Settings:
     timeout: float
     out: Path
     bin_dir: Path
+    hogs: int = 0
 
 
 def train_args(s: Settings, run_dir: Path) -> list[str]:
@@ -392,6 +400,7 @@ class RunResult:
     timed_out: bool = False
     ok: bool = False
     restart_s: float | None = None
+    startup_s: float | None = None  # launcher started -> every rank of generation 0 stepping
     notice_s: float | None = None
     standby_lead_s: float | None = None  # ft: standby spawned this long before the crash
     peak_rss_kb: int | None = None
@@ -403,6 +412,7 @@ class RunResult:
     failure: str | None = None
     leftovers: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    launched_at: float | None = None  # wall clock, as the ranks' milestones
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -454,7 +464,10 @@ def analyse(r: RunResult, run_dir: Path, s: Settings) -> None:
     events = read_jsonl(run_dir / "events.jsonl")
     crash = milestones(events, "crash", 0).get(CRASH_RANK)
     first = milestones(events, "first_step", 1)
+    first0 = milestones(events, "first_step", 0)
     done = milestones(events, "done", 1)
+    if len(first0) == NPROC and r.launched_at is not None:
+        r.startup_s = max(first0.values()) - r.launched_at
     output = (run_dir / "launcher.out").read_text(errors="replace")
     if crash is not None and len(first) == NPROC:
         r.restart_s = max(first.values()) - crash
@@ -501,6 +514,7 @@ def run_once(variant: str, index: int, s: Settings) -> RunResult:
     argv = launcher_argv(variant, s, run_dir)
     (run_dir / "command.txt").write_text(" ".join(argv) + "\n")
     started = time.monotonic()
+    r.launched_at = time.time()
     with (run_dir / "launcher.out").open("wb") as out:
         # its own session: the terminal's Ctrl-C is ours to handle, and killpg
         # reaches the launcher and whatever shares its group
@@ -554,11 +568,14 @@ def row(label: str, rs: list[RunResult], ref: float | None) -> str:
     med = median(times)
     span = f"{fmt(med)} ({fmt(min(times))}-{fmt(max(times))})" if times else "n/a"
     ratio = fmt(med / ref) if med is not None and ref else "n/a"
+    worst = fmt(max(times) / ref) if times and ref else "n/a"
+    starts = [r.startup_s for r in rs if r.startup_s is not None]
+    start_span = f"{fmt(median(starts))} ({fmt(min(starts))}-{fmt(max(starts))})" if starts else "n/a"
     use, fallback = basis(rs)
     mark = "†" if fallback and use else ""
     rss = median(r.peak_rss_kb for r in use)
     return (
-        f"| {label} | {sum(r.ok for r in rs)}/{len(rs)}{mark} | {span} | {ratio} "
+        f"| {label} | {sum(r.ok for r in rs)}/{len(rs)}{mark} | {span} | {ratio} | {worst} | {start_span} "
         f"| {fmt(median(r.notice_s for r in rs))} "
         f"| {fmt(None if rss is None else rss / 1024, 1)} "
         f"| {fmt(median(r.cpu_s for r in use))} "
@@ -573,9 +590,9 @@ def table(results: list[RunResult], variants: Iterable[str]) -> str:
     ref = restart_median(by.get("torchrun", [])) or restart_median(by.get("torchrun-noshare", []))
     rows = [
         "| launcher | restarts ok | restart time median (min-max) s | ratio vs torchrun "
-        "| crash -> noticed s | launcher peak RSS MiB | launcher CPU s | helper procs RSS MiB "
-        "| whole tree peak PSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| slowest vs torchrun | start -> stepping s | crash -> noticed s | launcher peak RSS MiB "
+        "| launcher CPU s | helper procs RSS MiB | whole tree peak PSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     rows.extend(row(LABELS[v], rs, ref) for v, rs in by.items() if rs)
     return "\n".join(rows)
@@ -644,7 +661,10 @@ def report(results: list[RunResult], s: Settings) -> None:
         f"{NPROC} ranks; rank {CRASH_RANK} crashes ({s.crash_mode}) at step {s.crash_at_step} "
         "of generation 0; "
         f"{s.step_time * 1000:.0f} ms steps, {s.steps_after} steps after the restart.\n"
-        "Restart time: crash -> last rank's first step of generation 1, successful runs only. "
+        + (f"{s.hogs} busy processes (one core each) ran beside every run.\n" if s.hogs else "")
+        + "Restart time: crash -> last rank's first step of generation 1, successful runs only. "
+        "Slowest: the slowest run / torchrun's median. Start -> stepping: the launcher started -> "
+        "the last rank's first step of generation 0 (all runs that got there).\n"
         "Ratio: median / torchrun's median (the noshare one's when the default one never restarted).\n"
         "crash -> noticed: includes the dying rank's own exit (all runs with a crash).\n"
         "Launcher RSS (VmHWM) and CPU: the launcher process alone; helper procs: its children that are "
@@ -677,6 +697,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("--crash-mode", choices=["raise", "exit", "abort", "segv"], default="raise")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds before a run is killed")
     p.add_argument("--out", type=Path, default=None, help="artifact directory (default: a fresh tempdir)")
+    p.add_argument("--hogs", type=int, default=0, help="busy processes (one core each) beside the runs")
     p.add_argument(
         "--bin-dir",
         type=Path,
@@ -703,7 +724,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     steps_after = a.steps_after if a.steps_after is not None else 10 if a.quick else 40
     return Settings(
         runs, variants, a.crash_at_step, steps_after, a.step_time, a.crash_mode, a.timeout, out.resolve(),
-        a.bin_dir,
+        a.bin_dir, max(0, a.hogs),
     )  # fmt: skip
 
 
@@ -711,6 +732,24 @@ def warm_up(s: Settings) -> None:
     # The first `import torch` after a while reads torch from disk; do it once
     # before timing so that whichever variant runs first does not pay for it.
     subprocess.run([sys.executable, "-c", "import torch"], check=False, timeout=s.timeout)
+
+
+def start_hogs(n: int) -> list[subprocess.Popen[bytes]]:
+    """A busy node: ``n`` processes that each keep one core busy for the whole benchmark."""
+    hogs = [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        for _ in range(n)
+    ]
+    HOGS.update(h.pid for h in hogs)
+    return hogs
+
+
+def stop_hogs(hogs: list[subprocess.Popen[bytes]]) -> None:
+    for hog in hogs:
+        hog.kill()
+        hog.wait()
 
 
 def schedule(s: Settings) -> Iterator[tuple[int, str]]:
@@ -742,6 +781,7 @@ def main(argv: list[str] | None = None, progress: Callable[[str], None] = lambda
             signal.signal(signum, on_signal)
     results: list[RunResult] = []
     code = 0
+    hogs = start_hogs(s.hogs)
     try:
         warm_up(s)
         for index, variant in schedule(s):
@@ -753,6 +793,8 @@ def main(argv: list[str] | None = None, progress: Callable[[str], None] = lambda
         with signals_held():
             kill_leftovers(0.0)  # a safety net: whatever of ours still runs goes now
         code = 130
+    finally:
+        stop_hogs(hogs)
     (s.out / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=1))
     if results:
         report(results, s)
