@@ -184,9 +184,26 @@ def _root(per_rank: Sequence[Classification]) -> Classification | None:
     return own[0] if own else (per_rank[0] if per_rank else None)
 
 
+def _the_peer(rules: Sequence[Rule], stopped: Sequence[RankFailure]) -> Classification | None:
+    """The peer a reset connection blames, among the ranks we stopped: the first whose own
+    text names a specific cause. A rank raises, its ``finally`` closes the process group
+    and its peer reads the reset before the rank has even printed its traceback; we stop
+    it while it exits. Its text counts only through a rule of its own (not the fallback
+    for any exception: being stopped can raise one too)."""
+    by_id = {r.id: r for r in rules}
+    for failure in stopped:
+        c = classify_rank(rules, failure)
+        rule = by_id.get(c.rule)
+        if rule is not None and rule.patterns and not (c.peer or rule.fallback or rule.hang):
+            return c
+    return None
+
+
 def classify(rules: Sequence[Rule], evidence: Evidence) -> Classification:
     """The generation's classification: its root cause's, or the node's if more severe."""
     root = _root([classify_rank(rules, f) for f in evidence.failures])
+    if root is not None and root.peer:
+        root = _the_peer(rules, evidence.stopped) or root
     if evidence.agent_log and (root is None or root.rule == UNCLASSIFIED):
         progressed = None if evidence.progress is None else evidence.progress > 0
         split = agent_ranks(evidence.agent_log, progressed)

@@ -33,6 +33,10 @@ class Evidence:
 
     failures: tuple[RankFailure, ...]
     unkillable: tuple[int, ...] = ()
+    # ranks we stopped that did not end cleanly (by our signal or a code of their own):
+    # when every failure blames a peer (a reset connection), the peer may be one of
+    # them, caught on its way out with its own error already printed
+    stopped: tuple[RankFailure, ...] = ()
     requests: tuple[WorkloadAsk, ...] = ()
     generation: int = 0
     node: str = ""

@@ -125,8 +125,10 @@ def _hang(event: Event | None, deadline_wall: float | None) -> tuple[Hang | None
     late_by = float(event.get("late_by") or 0.0)
     timeout = event.get("timeout")
     # what a daemon that blames a hang on the evidence says of it, where this Hang has room
-    blamed: dict[str, Any] = {"deadline_rank": event.get("deadline_rank"),
-              "evidence": f"{event['blamed_by']}: {event.get('evidence')}" if event.get("blamed_by") else ""}
+    blamed: dict[str, Any] = {
+        "deadline_rank": event.get("deadline_rank"),
+        "evidence": f"{event['blamed_by']}: {event.get('evidence')}" if event.get("blamed_by") else "",
+    }
     hang = Hang(
         rank=int(event["rank"]), kind=kind, section=event.get("section"),
         timeout=None if timeout is None else float(timeout),
@@ -168,7 +170,9 @@ def _after_exit(rank_dir: Path, exited: Event) -> tuple[str, ...]:
     return read_tail(rank_dir / "stderr.log", max_lines=AFTER_LINES, start=start) if start else ()
 
 
-def _failure(run: RunLog, g: GenerationLog, local: int, exited: Event) -> RankFailure | None:
+def _failure(run: RunLog, g: GenerationLog, local: int, exited: Event) -> tuple[RankFailure, bool] | None:
+    """The rank's failure, and whether it failed on its own (or hung); False: a rank we
+    stopped that did not end cleanly (``Evidence.stopped``)."""
     state = exited.get("state")
     if state not in ("failed", "stopped"):
         return None
@@ -179,8 +183,9 @@ def _failure(run: RunLog, g: GenerationLog, local: int, exited: Event) -> RankFa
     hang, hang_at = _hang(g.hangs.get(local), g.deadline_wall)
     stop = g.stop_wall
     failed_first = error_at is not None and (stop is None or error_at < stop)
-    if state != "failed" and not failed_first and hang is None:
-        return None
+    failed = state == "failed" or failed_first or hang is not None
+    if not failed and _status(exited).code == 0:
+        return None  # it finished cleanly as we stopped it: a bystander
     pid = exited.get("pid")
     exit = RankExit(
         local, rank, pid if isinstance(pid, int) else 0, _status(exited),
@@ -193,7 +198,7 @@ def _failure(run: RunLog, g: GenerationLog, local: int, exited: Event) -> RankFa
         log_tail=read_tail(rank_dir / "stderr.log", end=_bytes(exited, "stderr")),
         hang=hang, hang_at=hang_at, notable=_notable(rank_dir, exited), progressed=progressed,
         after_exit=_after_exit(rank_dir, exited),
-    )  # fmt: skip
+    ), failed  # fmt: skip
 
 
 def _progress(g: GenerationLog, best: int | None) -> tuple[int | None, int | None]:
@@ -206,14 +211,16 @@ def _progress(g: GenerationLog, best: int | None) -> tuple[int | None, int | Non
 
 
 def evidence_of(run: RunLog, g: GenerationLog, progress: int | None) -> Evidence:
-    found = [f for local, e in sorted(g.exits.items()) if (f := _failure(run, g, local, e)) is not None]
+    seen = [f for local, e in sorted(g.exits.items()) if (f := _failure(run, g, local, e)) is not None]
+    found = [f for f, failed in seen if failed]
+    stopped = [f for f, failed in seen if not failed]
     requests = tuple(
         WorkloadAsk(int(e.get("rank") or 0), str(e.get("action")), str(e.get("reason") or ""))
         for e in g.requests
     )
     return Evidence(
-        failures=tuple(order_failures(found)), unkillable=g.unkillable, requests=requests,
-        generation=g.number, progress=progress, saved=g.saved,
+        failures=tuple(order_failures(found)), stopped=tuple(order_failures(stopped)),
+        unkillable=g.unkillable, requests=requests, generation=g.number, progress=progress, saved=g.saved,
     )  # fmt: skip
 
 

@@ -88,14 +88,18 @@ def suspects(seen: dict[int, Seen], readings: dict[int, Reading | None]) -> list
     return [Suspect(s.rank, readings.get(lr), s.last_seen, s.iteration, s.own) for lr, s in seen.items()]
 
 
-async def failures(gen: Generation, monitor: Monitor) -> tuple[RankFailure, ...]:
-    """Every rank that failed on its own or hung, the root cause first.
+async def failures(
+    gen: Generation, monitor: Monitor
+) -> tuple[tuple[RankFailure, ...], tuple[RankFailure, ...]]:
+    """Every rank that failed on its own or hung, the root cause first; and the ranks
+    we stopped that did not end cleanly (``Evidence.stopped``).
 
-    That includes ranks we stopped: one may have raised (and written its error
+    The first includes ranks we stopped: one may have raised (and written its error
     file) first, then been slow to exit while a peer failed because of it. Its
     error file, written before we signalled it, gives it away.
     """
-    found_all = []
+    found_all: list[RankFailure] = []
+    stopped: list[RankFailure] = []
     for lr, exit in gen.exits.items():
         state = gen.ranks[lr].state
         if state not in (RankState.FAILED, RankState.STOPPED):
@@ -106,18 +110,20 @@ async def failures(gen: Generation, monitor: Monitor) -> tuple[RankFailure, ...]
         failed_first = found.error_at is not None and (
             gen.stop_wall is None or found.error_at < gen.stop_wall
         )
-        if state is RankState.FAILED or failed_first or hang is not None:
-            rank = exit.rank
-            found_all.append(
-                replace(
-                    found,
-                    hang=hang,
-                    hang_at=hang_at,
-                    stacks=gen.stacks.get(lr, ""),
-                    exception=monitor.exceptions.get(rank),
-                    notable=gen.notable.get(rank, ()),
-                    after_exit=(*gen.after_exit.get(rank, ()), *found.after_exit),
-                    progressed=monitor.progressed(rank),
-                )
+        failed = state is RankState.FAILED or failed_first or hang is not None
+        if not failed and exit.status.code == 0:
+            continue  # it finished cleanly as we stopped it: a bystander
+        rank = exit.rank
+        (found_all if failed else stopped).append(
+            replace(
+                found,
+                hang=hang,
+                hang_at=hang_at,
+                stacks=gen.stacks.get(lr, ""),
+                exception=monitor.exceptions.get(rank),
+                notable=gen.notable.get(rank, ()),
+                after_exit=(*gen.after_exit.get(rank, ()), *found.after_exit),
+                progressed=monitor.progressed(rank),
             )
-    return tuple(order_failures(found_all))
+        )
+    return tuple(order_failures(found_all)), tuple(order_failures(stopped))

@@ -84,8 +84,10 @@ class Judge:
         unkillable: tuple[int, ...],
         requests: tuple[WorkloadAsk, ...],
     ) -> Decision:
+        failed, stopped = await aftermath.failures(gen, monitor)
         evidence = Evidence(
-            failures=await aftermath.failures(gen, monitor),
+            failures=failed,
+            stopped=stopped,
             unkillable=unkillable,
             requests=requests,
             generation=gen.number,

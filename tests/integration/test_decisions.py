@@ -173,3 +173,17 @@ def test_a_heartbeat_timeout_the_user_set_is_never_tightened_by_learning(start: 
     [learned] = d.events("timeouts_learned")
     assert 0.5 <= learned["learned"]["heartbeat"] < 1.5  # 5 x the longest gap (about 0.2 s)
     assert learned["in_force"]["heartbeat"] == 3.0  # the user's value stands
+
+
+def test_an_nccl_error_raised_through_finally_is_the_cause_not_the_peers_reset(start: Start) -> None:
+    # the goodput benchmark's schedule: rank 1 raised NCCL's watchdog timeout; its
+    # `finally` closed the process group, rank 0 read the reset and exited first, and the
+    # decision named rank 0 with D5 while we stopped rank 1 as it printed its error
+    # who exits first is a race; with a slow exit, rank 1 is always stopped on its way out
+    for slow_exit in ("0", "0", "3"):
+        d = start("--nproc-per-node", "2", "--max-restarts", "1", str(RANKS / "nccl_raise.py"),
+                  "--slow-exit", slow_exit)  # fmt: skip
+        assert d.wait(timeout=120) == 0, d.story()
+        assert _decisions(d) == [(0, "restart", "rank_failed", 1, "N1")]
+        assert "rank 1 generation 1: done" in d.stdout()
+        assert _classify_agrees(d)["last_failure"]["rule"] == "N1"

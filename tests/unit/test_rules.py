@@ -185,3 +185,29 @@ def test_a_hung_ranks_reset_connection_is_the_consequence_of_its_hang() -> None:
     assert (c.rule, c.peer, c.rank) == ("HANG", False, 1)
     peer = _failure(0, gloo, at=1.01)  # the peer, which did fail because of the hang
     assert (classify(RULES, Evidence(failures=(hung, peer))).rule) == "HANG"
+
+
+WATCHDOG = (
+    "RuntimeError: [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4021, "
+    "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600046 milliseconds "
+    "before timing out."
+)
+
+
+def test_a_reset_connection_blames_the_peer_we_stopped_while_it_raised() -> None:
+    # rank 1 raised, its `finally` closed the process group, rank 0 read the reset and
+    # exited first; we stopped rank 1 while it printed its own error. The decision named
+    # rank 0 with D5 (a peer's failure), not rank 1's watchdog timeout
+    reset = "RuntimeError: [pair.cc:537] Read error [127.0.0.1]:59567: Connection reset by peer."
+    first = _failure(0, reset, at=1.0)
+    ours = RankExit(1, 1, 101, ExitStatus(code=1), at=1.01, at_wall=1.01, terminated=True)
+    raised = RankFailure(exit=ours, log_tail=(WATCHDOG,))
+    c = classify(RULES, Evidence(failures=(first,), stopped=(raised,)))
+    assert (c.rule, c.rank, c.peer) == ("N1", 1, False)
+    # a rank we stopped that says only what being stopped may make any rank say is no cause
+    vague = RankFailure(exit=ours, log_tail=("RuntimeError: interrupted",))
+    c = classify(RULES, Evidence(failures=(first,), stopped=(vague,)))
+    assert (c.rule, c.rank, c.peer) == ("D5", 0, True)
+    # and a root cause of its own is never replaced by a stopped rank's text
+    own = _failure(0, "RuntimeError: CUDA error: out of memory", at=1.0)
+    assert classify(RULES, Evidence(failures=(own,), stopped=(raised,))).rule != "N1"
