@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from supervisor.runtime.launcher import STANDBY_SETTLE
 from tests.support import RANKS, Daemon
 
 Start = Callable[..., Daemon]
@@ -45,9 +46,16 @@ def _reason(run_dir: Path) -> dict[str, Any]:
     return reason
 
 
-def test_a_run_that_recovered_says_it_succeeded_and_what_it_recovered_from(start: Start) -> None:
-    d = start(*FAST, "--max-restarts", "2", BEHAVE,
+def test_a_run_that_recovered_says_it_succeeded_and_what_it_recovered_from(
+    start: Start, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    Path(f"{go}0").touch()
+    d = start(*FAST, "--max-restarts", "2", BEHAVE, "--wait-for", str(go),
               "--fail-rank", "1", "--fail-generations", "0", "--kill-self", "SIGKILL")  # fmt: skip
+    # generation 1 runs until generation 2's standbys are up (they wait for it to settle)
+    d.wait_event("rank_spawned", where=lambda e: e["generation"] == 2, count=2, timeout=STANDBY_SETTLE + 30)
+    Path(f"{go}1").touch()
     assert d.wait() == 0, d.story()
     # the next generation's standbys were stopped when the run ended: the latest
     # generation in rank_exited, though it never started

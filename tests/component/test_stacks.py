@@ -15,8 +15,8 @@ from tests.support import wait_until
 PROGRAM = (
     "import faulthandler, signal, sys, time\n"
     "faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)\n"
-    "print('ready', flush=True)\n"
     "def spin():\n"
+    "    print('ready', flush=True)\n"
     "    while True:\n"
     "        time.sleep(0.01)\n"
     "spin()\n"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.runtime.launcher import STANDBY_SETTLE
 from tests.fixtures.dstate import TrapUnavailable, unkillable_trap
 from tests.support import RANKS, Daemon, alive, rank_pids, wait_until
 
@@ -56,14 +57,14 @@ def test_console_follows_redirects_tee_and_filters(start: Start) -> None:
     assert (run_dir / "gen_0" / "local_rank_1" / "stdout.log").read_text() == "x\n"
 
 
-def test_crash_restarts_with_warm_standbys_and_a_fresh_port(start: Start) -> None:
+def test_crash_restarts_with_warm_standbys_and_a_fresh_port(start: Start, tmp_path: Path) -> None:
     d = start(
         *FAST,
         "--max-restarts",
         "2",
         BEHAVE,
-        "--sleep",
-        "0.5",
+        "--wait-for",
+        str(tmp_path / "go"),
         "--fail-rank",
         "1",
         "--fail-generations",
@@ -71,6 +72,10 @@ def test_crash_restarts_with_warm_standbys_and_a_fresh_port(start: Start) -> Non
         "--exit",
         "3",
     )
+    # behave.py reports no steps: its standbys come once the generation has settled
+    d.wait_event("rank_spawned", where=lambda e: e["standby"], count=2, timeout=STANDBY_SETTLE + 30)
+    for generation in (0, 1):
+        (tmp_path / f"go{generation}").touch()
     assert d.wait() == 0, d.story()
     decision = d.events("decision")
     assert [(e["action"], e["reason"]) for e in decision] == [("restart", "rank_failed")]

@@ -1,10 +1,11 @@
 """Standby ranks never slow the generation that runs (issue 13, item 1).
 
-A standby preloads at SCHED_IDLE where it may come back from it, is hurried to
-normal priority when its go comes before its preload is over, and where idle
-priority is not allowed (no CAP_SYS_NICE) it waits for the running generation to
-settle before it starts. A go that comes during the preload ends it: the program
-imports what it needs itself.
+A standby starts once every rank of the running generation has stepped (or 5 s
+after the go, for ranks that report no steps): beside a generation's start-up it
+slowed it, even at idle priority. It preloads at SCHED_IDLE where it may come back
+from it, and is hurried to normal priority when its go comes before its preload is
+over. A go that comes during the preload ends it: the program imports what it needs
+itself.
 """
 
 from __future__ import annotations
@@ -59,6 +60,18 @@ def test_a_standby_preloads_at_idle_priority_and_is_hurried_when_needed_early(
     gate.touch()
     d.wait_event("standby_ready", where=lambda e: e["generation"] == 2)
     assert d.events("standby_ready")[-1]["priority"] == "idle"
+    d.signal(signal.SIGTERM)
+    assert d.wait() == 128 + signal.SIGTERM, d.story()
+
+
+def test_standbys_start_once_every_rank_has_stepped(start: Start) -> None:
+    # the first step takes 2 s (a warm-up, as compiling or loading data would)
+    d = start(*FAST, str(RANKS / "monitored.py"), "--iterations", "--steps", "1000000",
+              "--step-time", "0.01", "--slow-steps", "1", "--slow-time", "2")  # fmt: skip
+    spawned = d.wait_event("rank_spawned", where=lambda e: e["generation"] == 1, count=2)
+    stepping = [e["t_mono"] for e in d.events("rank_stepping") if e["generation"] == 0]
+    go = d.events("generation_started")[0]["t_mono"]
+    assert len(stepping) == 2 and min(e["t_mono"] for e in spawned) >= max(stepping) >= go + 2
     d.signal(signal.SIGTERM)
     assert d.wait() == 128 + signal.SIGTERM, d.story()
 
