@@ -33,38 +33,6 @@ from supervisor.coord.config import RdzvConfig
 
 OUR_PREFIX = "ft-supervisor"
 SHARE_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-# Torch's dynamic rendezvous reads the shared state again one second after each
-# look that found nothing to do (``_delay(seconds=1)`` in its op executor): a
-# restart of N nodes then waits out several whole seconds after every node has
-# joined. We look sooner at first and back off to torch's second, so a round
-# that completes in a moment is seen in a moment, and a long wait (spares, a
-# node that is slow to come back) costs the store what it costs under torchrun.
-POLL_FIRST = 0.02
-POLL_GROWTH = 1.5
-POLL_RESET = 2.0  # a pause between looks longer than this starts a new wait
-
-
-class _Poll:
-    """A replacement for torch's fixed one-second poll delay: quick, then backing off."""
-
-    def __init__(self, sleep: Any = time.sleep, clock: Any = time.monotonic) -> None:
-        self._sleep, self._clock = sleep, clock
-        self._next = POLL_FIRST
-        self._last = float("-inf")
-
-    def __call__(self, seconds: float | tuple[float, float]) -> None:
-        if isinstance(seconds, tuple) or seconds != 1:  # not the poll: torch's own delay
-            _torch_delay(seconds)
-            return
-        if self._clock() - self._last > POLL_RESET:
-            self._next = POLL_FIRST
-        delay, self._next = self._next, min(1.0, self._next * POLL_GROWTH)
-        self._sleep(delay)
-        self._last = self._clock()
-
-
-_torch_delay = dyn._delay  # type: ignore[attr-defined]
-dyn._delay = _Poll()  # type: ignore[attr-defined]
 
 
 class RendezvousEnded(Exception):

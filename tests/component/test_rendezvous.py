@@ -82,30 +82,3 @@ def test_an_unreachable_store_is_named() -> None:
     )
     with pytest.raises(torchrdzv.RendezvousEnded, match="cannot reach the rendezvous at"):
         torchrdzv.TorchRendezvous(cfg)
-
-
-def test_torch_polls_its_store_through_our_backing_off_delay() -> None:
-    import inspect  # noqa: PLC0415
-
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn  # noqa: PLC0415
-
-    # torch's op executor sleeps through its module's _delay(seconds=1) between looks
-    assert "_delay(seconds=1)" in inspect.getsource(dyn._DistributedRendezvousOpExecutor.run)
-    assert isinstance(dyn._delay, torchrdzv._Poll)  # type: ignore[attr-defined]
-    slept: list[float] = []
-    now = [0.0]
-
-    def sleep(s: float) -> None:
-        slept.append(s)
-        now[0] += s + 0.001  # and a store round trip
-
-    poll = torchrdzv._Poll(sleep=sleep, clock=lambda: now[0])
-    for _ in range(12):
-        poll(1)
-    assert slept[0] == torchrdzv.POLL_FIRST and slept == sorted(slept) and slept[-1] == 1.0
-    assert sum(slept[:6]) < 0.5  # a round that completes within half a second is seen at once
-    now[0] += torchrdzv.POLL_RESET + 1  # a later wait (the next restart) starts quick again
-    poll(1)
-    assert slept[-1] == torchrdzv.POLL_FIRST
-    poll((0.01, 0.02))  # torch's other delays (random back-off) are its own
-    assert slept[-1] == torchrdzv.POLL_FIRST
