@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The demo: a real 2-rank training run (torch, gloo, CPU) in which rank 1 crashes
-# once, at step 70. ft-supervisor notices the exit at once, stops rank 0, starts
-# generation 1 from warm standby ranks (torch already imported) on a fresh port,
+# once, at step 150 (7.5 s into training: the standby ranks, started once the ranks
+# stepped, are ready by then). ft-supervisor notices the exit at once, stops rank 0,
+# starts generation 1 from warm standby ranks (torch already imported) on a fresh port,
 # and the ranks resume from the last snapshot and finish.
 #
 # Sets up .venv (torch pinned to the CPU build) on first use.
@@ -16,7 +17,7 @@ rm -rf "$out"
 mkdir -p "$out"
 set +e
 .venv/bin/ft-supervisor run --nproc-per-node 2 --max-restarts 3 --log-dir "$out/logs" --rdzv-id demo \
-    scripts/train.py --steps 120 --crash-at-step 70 --snapshot "$out/snapshot.pt"
+    scripts/train.py --steps 200 --crash-at-step 150 --snapshot "$out/snapshot.pt"
 code=$?
 set -e
 echo
