@@ -56,6 +56,9 @@ class NodeOutcome:
     detail: str = ""
     node: str = ""  # host name, for people
     rule: str | None = None
+    # its root cause only blames a peer (a reset connection, a closed pair): within a
+    # membership change that is the other nodes stopping their ranks, not a failure
+    peer: bool = False
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -65,6 +68,7 @@ class NodeOutcome:
             "detail": self.detail,
             "node": self.node,
             "rule": self.rule,
+            "peer": self.peer,
         }
 
     @classmethod
@@ -81,6 +85,7 @@ class NodeOutcome:
                 detail=str(data.get("detail", "")),
                 node=str(data.get("node", "")),
                 rule=None if data.get("rule") is None else str(data.get("rule")),
+                peer=data.get("peer") is True,
             )
         except KeyError as exc:
             raise ValueError(f"a node outcome lacks {exc.args[0]!r}") from None
@@ -111,10 +116,20 @@ def _job_wide(o: NodeOutcome) -> bool:
 
 
 def spends_budget(outcomes: Iterable[NodeOutcome]) -> bool:
-    """Does a restart of this round count against the job's --max-restarts?"""
+    """Does a restart of this round count against the job's --max-restarts?
+
+    A node joining stops every node's ranks, each at its own moment: a rank still in
+    a collective when its peer was stopped fails with a reset connection before its
+    own daemon has heard the news. Within a membership change such a failure is its
+    consequence, and costs no restart either."""
+    everyone = list(outcomes)
+    membership = any(o.reason is Reason.MEMBERSHIP for o in everyone)
     return any(
-        o.action is not Action.CONTINUE and o.reason is not None and o.reason not in FREE_REASONS
-        for o in outcomes
+        o.action is not Action.CONTINUE
+        and o.reason is not None
+        and o.reason not in FREE_REASONS
+        and not (membership and o.peer)
+        for o in everyone
     )
 
 

@@ -22,6 +22,7 @@ def own_outcome(rnd: Round, decision: Decision | None, c: Classification | None,
         decision.detail,
         node=node,
         rule=None if c is None else c.rule,
+        peer=c is not None and c.peer,
     )
 
 

@@ -70,6 +70,17 @@ def test_only_failures_spend_the_jobs_restarts() -> None:
     assert not spends_budget([out(0, A.CONTINUE), out(1, A.CONTINUE)])
 
 
+def test_a_rank_that_lost_its_peer_to_a_membership_change_costs_no_restart() -> None:
+    # node 2 joins: node 0 stops its rank, node 1's rank reads the reset connection and
+    # fails before node 1's daemon has heard of the newcomer
+    reset = NodeOutcome(1, A.RESTART, R.RANK_FAILED, rule="D5", peer=True)
+    assert not spends_budget([out(0, A.RESTART, R.MEMBERSHIP), reset])
+    # without a membership change, a reset connection is a failure somewhere
+    assert spends_budget([out(0, A.RESTART, R.PEER_FAILED), reset])
+    # and a failure of its own within a membership change still counts
+    assert spends_budget([out(0, A.RESTART, R.MEMBERSHIP), out(1, A.RESTART, R.RANK_FAILED)])
+
+
 def test_following_a_peer() -> None:
     budget, spent = Budget(1), Budget(1).spend(0.0)
     assert follow(PeerNews.ENDED, spent, 1.0, "x").action is A.RESTART  # the failed node judged the budget
@@ -88,7 +99,7 @@ def test_lost_members() -> None:
 
 
 def test_outcomes_survive_the_store_and_bad_ones_are_named() -> None:
-    o = NodeOutcome(3, A.ABORT, R.NOT_RETRYABLE, "rank 7: ImportError", node="gpu-12", rule="P0")
+    o = NodeOutcome(3, A.ABORT, R.NOT_RETRYABLE, "rank 7: ImportError", node="gpu-12", rule="P0", peer=True)
     assert NodeOutcome.from_json(o.to_json()) == o
     with pytest.raises(ValueError, match="node_rank"):
         NodeOutcome.from_json({"node_rank": "3", "action": "abort"})
