@@ -82,3 +82,34 @@ def test_an_unreachable_store_is_named() -> None:
     )
     with pytest.raises(torchrdzv.RendezvousEnded, match="cannot reach the rendezvous at"):
         torchrdzv.TorchRendezvous(cfg)
+
+
+def test_a_restart_round_looks_at_the_state_often_and_uncached_then_at_torchs_pace(
+    endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch polls its state once a second and caches it for a second: a restart round of
+    # nodes that all decided together waited out both (1.2-1.6 s for 2 nodes, 2.6 s for 4)
+    import inspect  # noqa: PLC0415
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn  # noqa: PLC0415
+
+    source = inspect.getsource(dyn)
+    assert "_delay(seconds=1)" in source and "cache_duration: int = 1" in source  # what we pace
+    assert dyn._delay is torchrdzv._PACE
+    slept: list[float] = []
+    monkeypatch.setattr(torchrdzv._PACE, "_sleep", lambda s: (slept.append(s), time.sleep(s)))
+    a = torchrdzv.TorchRendezvous(config(endpoint, "r3"))
+    b = torchrdzv.TorchRendezvous(config(endpoint, "r3"))
+    join_both(a, b, 0)
+    for r in (a, b):  # restarting: leave together, join again
+        r.leave()
+    ja, jb = join_both(a, b, 1)
+    assert ja.round == jb.round and ja.members == jb.members
+    assert slept and set(slept) == {torchrdzv.FAST_POLL}  # every look in the rounds came quickly
+    assert a._handler._state_holder._cache_duration == 1  # torch's cache is back between rounds
+    # a large job looks less often, so that the store sees the same load in all
+    torchrdzv._PACE.start_round(2000)
+    assert torchrdzv._PACE.interval == 1.0
+    torchrdzv._PACE.start_round(100)
+    assert torchrdzv._PACE.interval == pytest.approx(0.2)
+    torchrdzv._PACE.end_round()
