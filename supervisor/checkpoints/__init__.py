@@ -2,5 +2,5 @@
 
 ``sync.CheckpointSync`` is what the daemon runs; ``store`` says what a destination
 offers, ``local`` and ``remote`` are the two kinds; the decisions are pure, in
-``supervisor.core.snapshots``; the options in ``supervisor.checkpointconfig``.
+``supervisor.core.snapshots``; the options in ``supervisor.config.checkpoints``.
 """

@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 
-from supervisor.checkpointconfig import CheckpointConfig
+from supervisor.config.checkpoints import CheckpointConfig
 from supervisor.checkpoints.local import (
     Pinned,
     place_new,
@@ -45,7 +45,7 @@ from supervisor.checkpoints.local import (
 from supervisor.checkpoints.store import EntryChanged, Maker, Store, later, off, open_store
 from supervisor.checkpoints.threads import DaemonThreads
 from supervisor.core.snapshots import Entry, hold, plan, restore_choice, to_prune
-from supervisor.runtime.events import EventLog
+from supervisor.runtime.records.events import EventLog
 
 MAX_HELD = 64  # busy file entries held open at once (a file descriptor each)
 

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from supervisor.coord.config import RdzvConfig
+from supervisor.config.rendezvous import RdzvConfig
 from supervisor.core.jobwide import NodeOutcome, PeerNews, lost
 from supervisor.core.types import Action, Reason
 from supervisor.process.ports import free_port
-from supervisor.runtime.aio import in_thread
-from supervisor.runtime.events import EventLog
+from supervisor.aio import in_thread
+from supervisor.runtime.records.events import EventLog
 
 if TYPE_CHECKING:
     from supervisor.coord.torchrdzv import Joined, Snapshot, TorchRendezvous

@@ -29,7 +29,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
 
-from supervisor.coord.config import RdzvConfig
+from supervisor.config.rendezvous import RdzvConfig
 
 OUR_PREFIX = "ft-supervisor"
 SHARE_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"

@@ -3,7 +3,7 @@
 systemd's notify protocol (sd_notify(3)) is a datagram of newline-separated
 assignments: ``READY=1``, ``STATUS=...``, ``STOPPING=1``, ``RELOADING=1``,
 ``WATCHDOG=1``. Which of them follow from which lifecycle event is decided
-here, from the event's name and record alone; ``supervisor.runtime.sdnotify``
+here, from the event's name and record alone; ``supervisor.runtime.services.sdnotify``
 sends them.
 """
 

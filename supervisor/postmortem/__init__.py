@@ -8,7 +8,7 @@ are the commands.
 """
 
 from supervisor.postmortem.agree import disagreements
-from supervisor.postmortem.command import add_commands, gather
+from supervisor.cli.classify import add_commands, gather
 from supervisor.postmortem.logs import KEEP_FIRST, KEEP_LAST, TAIL, scan
 from supervisor.postmortem.replay import Settings, Verdict, judge_run
 

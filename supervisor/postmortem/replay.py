@@ -3,7 +3,7 @@ same classifier chain, the same policy with the run's budget and history.
 
 The daemon wrote a ``decision`` event for every generation that did not simply
 succeed. For each one it judged itself (the reasons ``decide`` gives), the
-evidence is rebuilt as ``supervisor.runtime.aftermath`` gathered it:
+evidence is rebuilt as ``supervisor.runtime.lifecycle.aftermath`` gathered it:
 
 * the ranks that failed on their own (``rank_exited`` state ``failed``), the
   ranks it stopped whose error file was written before the termination began
@@ -358,7 +358,8 @@ def replay(run: RunLog, registry: Registry, settings: Settings) -> Verdict:
 def registry_for(run: RunLog, settings: Settings) -> tuple[Registry, tuple[str, ...]]:
     """The classifier chain the run had: its rule files and disabled plugins, unless
     ``settings`` name others; and what could not be had."""
-    from supervisor.policyconfig import PolicyConfigError, user_rules  # noqa: PLC0415
+    from supervisor.config.policy import user_rules  # noqa: PLC0415
+    from supervisor.config.errors import ConfigError
 
     loaded = run.plugins or {}
     rules, notes = settings.rules, []
@@ -366,7 +367,7 @@ def registry_for(run: RunLog, settings: Settings) -> tuple[Registry, tuple[str, 
     if not rules and files:
         try:
             rules = user_rules(files)
-        except PolicyConfigError as exc:
+        except ConfigError as exc:
             notes.append(f"the run's rules cannot be read here: {exc}")
     disabled = settings.disabled if settings.disabled is not None else tuple(loaded.get("disabled") or ())
     registry = Registry(disabled=disabled)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import orjson
 
+from supervisor.core.program import Program
 from supervisor.core.states import RankState, advance
 from supervisor.core.topology import RankSlot
 from supervisor.process.bootstrap import unidle
@@ -28,34 +29,24 @@ from supervisor.process.cgroups import UNCONTAINED, Containment
 BOOTSTRAP = str(Path(__file__).with_name("bootstrap.py"))
 
 
-@dataclass(frozen=True, slots=True)
-class Program:
-    """What every rank runs: ``kind`` is script, module or exec (``--no-python``)."""
-
-    kind: str
-    target: str
-    args: tuple[str, ...] = ()
-    python: str = sys.executable
-    preload: tuple[str, ...] = ()
-    fast_exit: bool = True
-
-    def argv(
-        self, boot_fd: int, parent_pid: int, cgroup: Path | None = None, *, idle: bool = False
-    ) -> list[str]:
-        flags = [flag for flag, on in (("fast-exit", self.fast_exit), ("idle", idle)) if on]
-        return [
-            self.python,
-            "-u",
-            BOOTSTRAP,
-            str(boot_fd),
-            str(parent_pid),
-            "" if cgroup is None else str(cgroup),
-            ",".join(self.preload),
-            ",".join(flags),
-            self.kind,
-            self.target,
-            *self.args,
-        ]
+def rank_argv(
+    program: Program, boot_fd: int, parent_pid: int, cgroup: Path | None = None, *, idle: bool = False
+) -> list[str]:
+    """The bootstrap's command line for one rank of ``program``."""
+    flags = [flag for flag, on in (("fast-exit", program.fast_exit), ("idle", idle)) if on]
+    return [
+        program.python,
+        "-u",
+        BOOTSTRAP,
+        str(boot_fd),
+        str(parent_pid),
+        "" if cgroup is None else str(cgroup),
+        ",".join(program.preload),
+        ",".join(flags),
+        program.kind,
+        program.target,
+        *program.args,
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +156,7 @@ async def spawn_rank(
     try:
         with files.stdout.open("ab") as out, files.stderr.open("ab") as err:
             proc = await asyncio.create_subprocess_exec(
-                *program.argv(theirs.fileno(), os.getpid(), containment.cgroup, idle=standby),
+                *rank_argv(program, theirs.fileno(), os.getpid(), containment.cgroup, idle=standby),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from supervisor.config import ConfigError
+from supervisor.config.errors import ConfigError
 
 EVENTS = "events.jsonl"
 

@@ -6,9 +6,10 @@
         events.sock               PUB: every event, topic = event name
         daemon.json               who listens here (pid, run id, run dir), for discovery
 
-<base> is $XDG_RUNTIME_DIR/ft-supervisor, else /tmp/ft-supervisor-<uid>. The
-directory mode is the access control: ipc sockets are files, and nobody else
-can reach into a 0700 directory.
+<base> is $XDG_RUNTIME_DIR/ft-supervisor, else $TMPDIR/ft-supervisor-<uid>, else
+/tmp/ft-supervisor-<uid>: the first whose socket paths fit in a unix socket
+address (107 bytes). The directory mode is the access control: ipc sockets are
+files, and nobody else can reach into a 0700 directory.
 """
 
 from __future__ import annotations
@@ -39,12 +40,25 @@ class EndpointError(RuntimeError):
     pass
 
 
+# sockaddr_un.sun_path less its NUL; a longer ipc:// path cannot be bound at all
+IPC_PATH_MAX = 107
+# the longest path under a base: "/<pid>/control.sock", a pid of up to 7 digits
+_LONGEST_TAIL = len("/4194304/control.sock")
+
+
 def base_dir(environ: dict[str, str] | None = None) -> Path:
+    """Where daemons listen. Daemons and the commands that look for them pick the
+    same one from the same environment, whatever the pid."""
     env = environ if environ is not None else dict(os.environ)
+    candidates = []
     xdg = env.get("XDG_RUNTIME_DIR")
     if xdg and os.access(xdg, os.W_OK | os.X_OK):
-        return Path(xdg) / "ft-supervisor"
-    return Path(tempfile.gettempdir()) / f"ft-supervisor-{os.getuid()}"
+        candidates.append(Path(xdg) / "ft-supervisor")
+    candidates.append(Path(tempfile.gettempdir()) / f"ft-supervisor-{os.getuid()}")
+    for base in candidates:
+        if len(os.fsencode(base)) + _LONGEST_TAIL <= IPC_PATH_MAX:
+            return base
+    return Path("/tmp") / f"ft-supervisor-{os.getuid()}"  # noqa: S108 - short on purpose; the mode guards it
 
 
 def _private_dir(path: Path) -> None:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.process.spawn import Program
+from supervisor.core.program import Program
+from supervisor.process.spawn import rank_argv
 from tests.support import alive, wait_until
 
 
@@ -20,7 +21,7 @@ def _argv(
 ) -> list[str]:
     modules = tuple(filter(None, preload.split(",")))
     program = Program(kind, target, args, sys.executable, modules, fast_exit=fast_exit)
-    return program.argv(fd, os.getpid())
+    return rank_argv(program, fd, os.getpid())
 
 
 def _boot(
@@ -176,9 +177,10 @@ def test_rank_dies_when_its_parent_is_sigkilled(tmp_path: Path) -> None:
     )
     parent = textwrap.dedent("""
         import os, socket, subprocess, sys, time
-        from supervisor.process.spawn import Program
+        from supervisor.core.program import Program
+        from supervisor.process.spawn import rank_argv
         ours, theirs = socket.socketpair()
-        argv = Program("script", "forever.py").argv(theirs.fileno(), os.getpid())
+        argv = rank_argv(Program("script", "forever.py"), theirs.fileno(), os.getpid())
         subprocess.Popen(argv, pass_fds=[theirs.fileno()])
         ours.recv(16); ours.sendall(b"{}\\n")
         time.sleep(3600)

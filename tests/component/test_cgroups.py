@@ -20,7 +20,8 @@ from supervisor.process import cgroups
 from supervisor.process.cgroups import Containment
 from supervisor.process.orphans import SENTINEL, release_generation, sweep_generation
 from supervisor.process.sentinel import cgroup_pids, kill_cgroup, remove_cgroup, signal_cgroup
-from supervisor.process.spawn import Program, RankFiles, RankProcess, spawn_rank
+from supervisor.core.program import Program
+from supervisor.process.spawn import RankFiles, RankProcess, spawn_rank
 from supervisor.process.terminate import terminate
 from tests.support import RANKS, alive, wait_until
 

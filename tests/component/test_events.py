@@ -3,7 +3,7 @@ import logging
 from pathlib import Path
 
 from supervisor.runtime.clock import Clock
-from supervisor.runtime.events import EventLog
+from supervisor.runtime.records.events import EventLog
 
 
 def test_each_event_is_one_json_line_with_both_clocks(tmp_path: Path, caplog: object) -> None:

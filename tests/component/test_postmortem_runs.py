@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from supervisor.runtime.launcher import STANDBY_SETTLE
+from supervisor.runtime.lifecycle.launcher import STANDBY_SETTLE
 from tests.support import RANKS, Daemon
 
 Start = Callable[..., Daemon]

@@ -12,7 +12,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from supervisor.runtime.publisher import Publisher
+from supervisor.runtime.services.publisher import Publisher
 
 
 @pytest.mark.asyncio

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from supervisor.coord.config import RdzvConfig
+from supervisor.config.rendezvous import RdzvConfig
 from supervisor.process.ports import free_port
 
 pytestmark = pytest.mark.torch

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from supervisor.runtime.clock import Clock
-from supervisor.runtime.events import EventLog
-from supervisor.runtime.sdnotify import Notifier, SdNotify
+from supervisor.runtime.records.events import EventLog
+from supervisor.runtime.services.sdnotify import Notifier, SdNotify
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ import pytest_asyncio
 from supervisor.core.states import RankState
 from supervisor.core.topology import ENV_TOKEN, RankSlot, generation_token, token_entry
 from supervisor.process.orphans import sweep_generation
-from supervisor.process.spawn import Program, RankFiles, RankProcess, spawn_rank
+from supervisor.core.program import Program
+from supervisor.process.spawn import RankFiles, RankProcess, spawn_rank
 from supervisor.process.terminate import Signaller, terminate
 from tests.fixtures.dstate import TrapUnavailable, unkillable_trap
 from tests.support import RANKS, alive, proc_state, wait_until

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.configfile import MAX_BYTES
+from supervisor.config.files import MAX_BYTES
 from tests.support import RANKS, Daemon, alive, rank_pids, wait_until
 
 Start = Callable[..., Daemon]

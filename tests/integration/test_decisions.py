@@ -40,7 +40,7 @@ def _reason(d: Daemon) -> dict[str, Any]:
 
 def _classify_agrees(d: Daemon) -> dict[str, Any]:
     """``ft-supervisor classify RUN_DIR --json``: the same rule, rank and action as reason.json."""
-    from supervisor.postmortem.command import classify_run  # noqa: PLC0415
+    from supervisor.cli.classify import classify_run  # noqa: PLC0415
 
     run_dir = d.run_dir()
     assert run_dir is not None

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.runtime.launcher import STANDBY_SETTLE
+from supervisor.runtime.lifecycle.launcher import STANDBY_SETTLE
 from tests.fixtures.dstate import TrapUnavailable, unkillable_trap
 from tests.support import RANKS, Daemon, alive, rank_pids, wait_until
 

@@ -21,7 +21,7 @@ from PIL import Image
 from supervisor.cli import main
 from supervisor.process.sentinel import pids_with_env
 from supervisor.runreport import svg
-from supervisor.runreport.report import build
+from supervisor.runreport.summary import build
 from tests.support import LEAK_KEY, RANKS, REPO, Daemon, wait_until
 
 MONITORED = str(RANKS / "monitored.py")

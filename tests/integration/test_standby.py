@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.process.bootstrap import may_leave_idle
-from supervisor.runtime.launcher import STANDBY_SETTLE
+from supervisor.runtime.lifecycle.launcher import STANDBY_SETTLE
 from tests.support import RANKS, Daemon, rank_pids, wait_until
 
 BEHAVE = str(RANKS / "behave.py")

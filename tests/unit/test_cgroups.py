@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.ctl import render_status
+from supervisor.cli.control import render_status
 from supervisor.process.cgroups import Containment, cgroup2_mounts, own_cgroup, resolve
 
 HYBRID = """\

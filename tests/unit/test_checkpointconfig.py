@@ -10,7 +10,8 @@ import pytest
 
 from supervisor.checkpoints.store import check_url, split_url
 from supervisor.cli import build_parser, build_run_config
-from supervisor.config import ConfigError, RunConfig
+from supervisor.config.run import RunConfig
+from supervisor.config.errors import ConfigError
 
 
 @pytest.fixture

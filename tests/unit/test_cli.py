@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.cli import build_parser, build_run_config
-from supervisor.config import ConfigError
+from supervisor.config.errors import ConfigError
 
 
 def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

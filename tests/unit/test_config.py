@@ -2,7 +2,7 @@ import signal
 
 import pytest
 
-from supervisor.config import (
+from supervisor.config.run import (
     ConfigError,
     RunConfig,
     count_gpus,
@@ -14,7 +14,7 @@ from supervisor.config import (
 )
 from supervisor.core.topology import Topology
 from supervisor.log import STDERR, STDOUT
-from supervisor.process.spawn import Program
+from supervisor.core.program import Program
 
 
 def test_std_specs() -> None:

@@ -9,10 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import configfile, ftconfig
-from supervisor.configfile import MAX_BYTES, MAX_DEPTH, ConfigFileError
-from supervisor.ftconfig import FtConfigError
-from supervisor.policyconfig import PolicyConfigError, load_rules_file, user_rules
+from supervisor.config.run import files as configfile
+
+from supervisor.config.run import ft as ftconfig
+from supervisor.config.files import MAX_BYTES, MAX_DEPTH
+from supervisor.config.errors import ConfigError
+from supervisor.config.errors import ConfigError
+from supervisor.config.policy import load_rules_file, user_rules
+from supervisor.config.errors import ConfigError
 
 SELF_ALIAS = b"a: &a [*a]\n"  # the 11 bytes of the issue: a list that holds itself
 # 9 lists of 9 references to the one before: 9^9 (387 million) strings to whoever walks it
@@ -53,7 +57,7 @@ def _nested(depth: int, kind: str) -> bytes:
     ids=YAML_CASES,
 )
 def test_a_bad_yaml_file_is_refused_in_one_line(data: bytes, said: str) -> None:
-    with pytest.raises(ConfigFileError) as err:
+    with pytest.raises(ConfigError) as err:
         configfile.parse(data, "yaml")
     assert said in str(err.value)
     assert "\n" not in str(err.value)
@@ -77,7 +81,7 @@ def test_a_bad_yaml_file_is_refused_in_one_line(data: bytes, said: str) -> None:
     ids=["depth", "deep", "dotted", "quoted-keys", "table", "inline-table", "utf8", "syntax", "size"],
 )
 def test_a_bad_toml_file_is_refused_in_one_line(data: bytes, said: str) -> None:
-    with pytest.raises(ConfigFileError) as err:
+    with pytest.raises(ConfigError) as err:
         configfile.parse(data, "toml")
     assert said in str(err.value)
     assert "\n" not in str(err.value)
@@ -109,9 +113,9 @@ def test_good_files_still_parse() -> None:
 def test_files_that_are_not_regular_are_refused_without_blocking(tmp_path: Path) -> None:
     fifo = tmp_path / "cfg.yaml"
     os.mkfifo(fifo)  # opening it for reading would wait for a writer
-    with pytest.raises(ConfigFileError, match="not a regular file"):
+    with pytest.raises(ConfigError, match="not a regular file"):
         configfile.read(fifo, "yaml")
-    with pytest.raises(ConfigFileError, match="not a regular file"):
+    with pytest.raises(ConfigError, match="not a regular file"):
         configfile.read(tmp_path, "yaml")
     with pytest.raises(FileNotFoundError):
         configfile.read(tmp_path / "nope.yaml", "yaml")
@@ -131,7 +135,7 @@ def test_files_that_are_not_regular_are_refused_without_blocking(tmp_path: Path)
 def test_the_config_file_reports_them_as_config_errors(tmp_path: Path, data: bytes, said: str) -> None:
     cfg = tmp_path / "ft.yaml"
     cfg.write_bytes(data)
-    with pytest.raises(FtConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         ftconfig.load({}, {}, cfg)
     assert str(err.value).startswith(f"config file {cfg}: {said}")
 
@@ -157,7 +161,7 @@ def test_keys_that_are_not_strings_are_ignored_like_other_unknown_keys(tmp_path:
 def test_a_huge_value_is_quoted_short(tmp_path: Path) -> None:
     cfg = tmp_path / "ft.yaml"
     cfg.write_text("fault_tolerance:\n  rank_heartbeat_timeout: [" + "1, " * 100_000 + "1]\n")
-    with pytest.raises(FtConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         ftconfig.load({}, {}, cfg)
     assert len(str(err.value)) < 300 and "expected seconds > 0" in str(err.value)
 
@@ -177,7 +181,7 @@ def test_a_huge_value_is_quoted_short(tmp_path: Path) -> None:
 def test_a_bad_rules_file_is_a_policy_error(tmp_path: Path, name: str, data: bytes, said: str) -> None:
     path = tmp_path / name
     path.write_bytes(data)
-    with pytest.raises(PolicyConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         load_rules_file(str(path))
     assert str(err.value).startswith(f"--rules {path}: {said}")
 
@@ -187,7 +191,7 @@ def test_a_good_rules_file_still_loads(tmp_path: Path) -> None:
     path.write_text("rules:\n  - id: SITE1\n    any: ['filer \\S+ unreachable']\n    action: reschedule\n")
     assert [r["id"] for r in user_rules([str(path)])] == ["SITE1"]
     missing = tmp_path / "none.toml"
-    with pytest.raises(PolicyConfigError, match=f"--rules {missing}: cannot read it: No such file"):
+    with pytest.raises(ConfigError, match=f"--rules {missing}: cannot read it: No such file"):
         load_rules_file(str(missing))
 
 
@@ -201,7 +205,7 @@ def test_without_libyaml_pyyamls_own_parser_keeps_the_same_bounds(monkeypatch: p
         assert configfile._loader().__name__ == "PureLoader"
         for data, said in [(SELF_ALIAS, "anchor &a"), (LAUGHS, "anchor &a"), (b"a: \x00\n", "unacceptable"),
                            (_nested(MAX_DEPTH + 1, "yaml"), "nested deeper than")]:  # fmt: skip
-            with pytest.raises(ConfigFileError, match=said):
+            with pytest.raises(ConfigError, match=said):
                 configfile.parse(data, "yaml")
         assert configfile.parse(_nested(MAX_DEPTH, "yaml"), "yaml") is not None
     finally:

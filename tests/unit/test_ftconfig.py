@@ -3,9 +3,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import ftconfig
+from supervisor.config.run import ft as ftconfig
 from supervisor.cli import build_parser
-from supervisor.ftconfig import FtConfig, FtConfigError, load
+from supervisor.config.ft import FtConfig, load
+from supervisor.config.errors import ConfigError
 
 
 def test_defaults_monitor_nothing() -> None:
@@ -61,30 +62,30 @@ def test_unknown_and_nvrx_only_keys_in_a_file_are_ignored_and_reported(tmp_path:
     ],
 )
 def test_bad_values_name_the_setting_and_the_form(cli: dict[str, object], message: str) -> None:
-    with pytest.raises(FtConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load(cli, {}, None)
 
 
 def test_env_errors_name_the_variable() -> None:
-    with pytest.raises(FtConfigError, match="FT_RANK_HEARTBEAT_TIMEOUT 'x'"):
+    with pytest.raises(ConfigError, match="FT_RANK_HEARTBEAT_TIMEOUT 'x'"):
         load({}, {"FT_RANK_HEARTBEAT_TIMEOUT": "x"}, None)
 
 
 def test_file_problems_are_named(tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
-    with pytest.raises(FtConfigError, match=r"nope\.yaml: No such file"):
+    with pytest.raises(ConfigError, match=r"nope\.yaml: No such file"):
         load({}, {}, missing)
     bad = tmp_path / "bad.yaml"
     bad.write_text("fault_tolerance: [unclosed\n")
-    with pytest.raises(FtConfigError, match="not valid YAML"):
+    with pytest.raises(ConfigError, match="not valid YAML"):
         load({}, {}, bad)
     empty = tmp_path / "empty.yaml"
     empty.write_text("model: {}\n")
-    with pytest.raises(FtConfigError, match="no 'fault_tolerance' section"):
+    with pytest.raises(ConfigError, match="no 'fault_tolerance' section"):
         load({}, {}, empty)
     wrong = tmp_path / "wrong.yaml"
     wrong.write_text("fault_tolerance:\n  rank_heartbeat_timeout: [1]\n")
-    with pytest.raises(FtConfigError, match=r"wrong.yaml: rank_heartbeat_timeout \[1\]"):
+    with pytest.raises(ConfigError, match=r"wrong.yaml: rank_heartbeat_timeout \[1\]"):
         load({}, {}, wrong)
 
 

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from supervisor.cli import build_parser, build_run_config
-from supervisor.config import ConfigError, RunConfig
+from supervisor.config.run import RunConfig
+from supervisor.config.errors import ConfigError
 from supervisor.core.notify import Narrator, notify_address, watchdog_interval
-from supervisor.ftconfig import FtConfigError, load
+from supervisor.config.ft import load
+from supervisor.config.errors import ConfigError
 
 
 @pytest.fixture
@@ -105,7 +107,7 @@ def test_log_level_accepts_names_and_numbers(value: object, level: str) -> None:
 
 @pytest.mark.parametrize("value", ["loud", 15, True])
 def test_a_bad_log_level_is_named(value: object) -> None:
-    with pytest.raises(FtConfigError, match=r"--ft-log-level .*: expected debug, info"):
+    with pytest.raises(ConfigError, match=r"--ft-log-level .*: expected debug, info"):
         load({"log_level": value}, {}, None)
 
 

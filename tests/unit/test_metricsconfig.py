@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from supervisor.cli import build_parser, build_run_config
-from supervisor.config import ConfigError, RunConfig
-from supervisor.metricsconfig import LOOPBACK, MetricsConfig
+from supervisor.config.run import RunConfig
+from supervisor.config.errors import ConfigError
+from supervisor.config.metrics import LOOPBACK, MetricsConfig
 
 
 @pytest.fixture

@@ -17,7 +17,8 @@ from supervisor.core.evidence import Evidence
 from supervisor.core.patterns import Screen
 from supervisor.core.rules import RuleError, compile_rule, compile_rules, prefilter, strip_prefix
 from supervisor.core.types import ExitStatus, RankExit, RankFailure
-from supervisor.policyconfig import PolicyConfigError, user_rules
+from supervisor.config.policy import user_rules
+from supervisor.config.errors import ConfigError
 
 FAILURES = Path(__file__).resolve().parent.parent / "fixtures" / "failures"
 CASES = tomllib.loads((FAILURES / "cases.toml").read_text())["case"]
@@ -98,7 +99,7 @@ def test_a_pattern_re2_rejects_names_the_rule_and_the_pattern(pattern: str, why:
 def test_a_rules_file_with_a_pattern_re2_rejects_fails_to_load(tmp_path: Path) -> None:
     path = tmp_path / "rules.yaml"
     path.write_text("rules:\n  - id: LOOK\n    any: ['error(?!: expected)']\n    action: abort\n")
-    with pytest.raises(PolicyConfigError, match=r"--rules .*rules\.yaml: rule 'LOOK': any pattern"):
+    with pytest.raises(ConfigError, match=r"--rules .*rules\.yaml: rule 'LOOK': any pattern"):
         user_rules([str(path)])
 
 

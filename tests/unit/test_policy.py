@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from supervisor.core.classify import Classification
 from supervisor.core.evidence import Evidence, WorkloadAsk
-from supervisor.core.outcome import ExitCodes, OutcomeError, apply_presets
+from supervisor.core.exitcodes import ExitCodes, OutcomeError, apply_presets
 from supervisor.core.policy import Budget, History, Past, Policy, decide
 from supervisor.core.types import SEVERITY, Action, ExitStatus, RankExit, RankFailure, Reason
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from supervisor.core.outcome import ExitCodes
+from supervisor.core.exitcodes import ExitCodes
 
 EXAMPLES = Path(__file__).parents[2] / "scripts" / "schedulers"
 CODES = ExitCodes()

@@ -1,0 +1,190 @@
+"""Every option of ``ft-supervisor run``: torchrun's, with both spellings
+(``--nproc-per-node`` and ``--nproc_per_node``) and torchrun's ``PET_<NAME>``
+environment defaults, then ours, group by group. Declaring them is all this
+module does; turning them into a RunConfig is supervisor.config.build's job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from supervisor.config import checkpoints, ft, hosting, metrics, policy
+from supervisor.config.run import DEFAULT_SIGNALS
+
+FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"  # nvidia-resiliency-ext's auto-resume contract
+
+
+def _opt(group: Any, *names: str, **kw: Any) -> None:
+    """Add an option the torchrun way: underscore aliases and PET_* defaults."""
+    aliases = ["--" + n[2:].replace("-", "_") for n in names if n.startswith("--") and "-" in n[2:]]
+    action = group.add_argument(*names, *aliases, **kw)
+    pet = os.environ.get(f"PET_{action.dest.upper()}")
+    if pet is not None:
+        if action.nargs == 0:  # a flag: torchrun's check_env accepts 1/true/yes
+            action.default = pet.strip().lower() in ("1", "true", "yes", "on")
+        else:
+            action.default = pet
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("torchrun options")
+    _opt(
+        g,
+        "--nnodes",
+        default="1:1",
+        help="number of nodes, N or MIN:MAX (a node beyond MAX waits as a spare)",
+    )
+    _opt(g, "--nproc-per-node", default="1", help="ranks on this node: an integer, cpu, gpu or auto")
+    _opt(g, "--node-rank", type=int, default=0, help="rank of this node (static backend; others assign it)")
+    _opt(g, "--standalone", action="store_true", help="single-node run with a local store on a free port")
+    _opt(g, "--rdzv-backend", default="static", help="rendezvous backend: c10d, static or etcd-v2")
+    _opt(g, "--rdzv-endpoint", default="", help="rendezvous endpoint HOST:PORT")
+    _opt(g, "--rdzv-id", default=None, help="run id (TORCHELASTIC_RUN_ID); default: a fresh uuid")
+    _opt(g, "--run-id", default=None, help="alias of --rdzv-id")
+    _opt(
+        g,
+        "--rdzv-conf",
+        default="",
+        help="rendezvous configuration key=value,...: join_timeout, last_call_timeout, close_timeout, "
+        "keep_alive_interval, keep_alive_max_attempt, is_host, read_timeout",
+    )
+    _opt(g, "--max-restarts", type=int, default=0, help="restarts allowed to the whole job before failing")
+    _opt(g, "--monitor-interval", type=float, default=0.1, help="accepted; exits are noticed at once")
+    _opt(
+        g,
+        "--start-method",
+        default="spawn",
+        choices=["spawn", "fork", "forkserver"],
+        help="accepted; ranks always start through the ft-supervisor bootstrap",
+    )
+    _opt(g, "--role", default="default", help="role name of the ranks (ROLE_NAME)")
+    _opt(g, "-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
+    _opt(g, "--no-python", action="store_true", help="exec SCRIPT directly instead of with python")
+    _opt(g, "--run-path", action="store_true", help="accepted; the script always runs as __main__")
+    _opt(g, "--log-dir", default=None, help="base directory for logs (default ./ft-supervisor-logs)")
+    _opt(g, "-r", "--redirects", default="0", help="streams shown only in the log files: 0-3 or 0:1,1:2")
+    _opt(g, "-t", "--tee", default="0", help="streams written to the log files and the console")
+    _opt(g, "--local-ranks-filter", default="", help="only show these local ranks on the console")
+    _opt(g, "--master-addr", default=None, help="address of rank 0 (MASTER_ADDR)")
+    _opt(
+        g,
+        "--master-port",
+        type=int,
+        default=None,
+        help="port of rank 0's store; default: a fresh free port every generation",
+    )
+    _opt(g, "--local-addr", default=None, help="address of this node")
+    _opt(
+        g,
+        "--signals-to-handle",
+        default=DEFAULT_SIGNALS,
+        action=hosting.StoreGiven,
+        help="signals that stop the run (SIGHUP reloads instead when there is a config file)",
+    )
+    _opt(
+        g,
+        "--shutdown-timeout",
+        type=float,
+        default=float(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")),
+        help="seconds between SIGTERM and SIGKILL when stopping ranks",
+    )
+    _opt(
+        g,
+        "--virtual-local-rank",
+        action="store_true",
+        help="LOCAL_RANK=0 for every rank, each seeing only its own device",
+    )
+    for name in (
+        "--event-log-handler",
+        "--logs-specs",
+        "--numa-binding",
+        "--duplicate-stdout-filters",
+        "--duplicate-stderr-filters",
+    ):
+        _opt(g, name, default=None, help=argparse.SUPPRESS)
+    add_supervisor_options(p.add_argument_group("ft-supervisor options"))
+    ft.add_options(p.add_argument_group("hang detection (nvidia-resiliency-ext --ft-* names)"))
+    policy.add_options(p.add_argument_group("failure policy: exit codes, rules, plugins"))
+    metrics.add_options(p.add_argument_group("metrics: an optional Prometheus endpoint"))
+    hosting.add_options(p.add_argument_group("service: systemd, container entrypoint"))
+    checkpoints.add_options(p.add_argument_group("checkpoint sync: LOCAL to DEST, copy-back at start"))
+
+
+def add_supervisor_options(f: Any) -> None:
+    """Ours: how ranks are stopped, started and held, and where the run's files go."""
+    _opt(
+        f,
+        "--kill-timeout",
+        type=float,
+        default=10.0,
+        help="seconds to wait after SIGKILL before reporting a rank as stuck in the kernel",
+    )
+    _opt(
+        f,
+        "--exit-grace",
+        type=float,
+        default=10.0,
+        help="seconds a rank that reported its failure (error file, client) may take to exit "
+        "before it is killed",
+    )
+    _opt(
+        f,
+        "--save-timeout",
+        type=float,
+        default=60.0,
+        help="before ranks are stopped (a failure, a restart, SIGTERM), ranks that registered a save "
+        "callback are asked to save and get this many seconds; 0 disables it",
+    )
+    _opt(
+        f,
+        "--finished-flag-file",
+        default=os.environ.get(FINISHED_FLAG_ENV) or None,
+        help=f"training is complete when this file exists: the run exits 0 at once (default "
+        f"${FINISHED_FLAG_ENV}); ranks get it in {FINISHED_FLAG_ENV}",
+    )
+    _opt(
+        f,
+        "--autoresume",
+        action="store_true",
+        help="create the finished-flag file when the job completes, for an outer auto-resume loop",
+    )
+    _opt(
+        f,
+        "--no-standby",
+        action="store_true",
+        help="do not pre-start the next generation's ranks (saves memory, slower restarts)",
+    )
+    _opt(
+        f,
+        "--no-cgroups",
+        action="store_true",
+        help="hold a generation's descendants by process groups, PDEATHSIG and the token sweep "
+        "only, even where a cgroup per generation could be created (README: process containment)",
+    )
+    _opt(
+        f,
+        "--preload",
+        default="auto",
+        help="modules a rank imports before its generation starts: auto (torch when "
+        "installed), none, or a comma-separated list",
+    )
+    _opt(
+        f,
+        "--no-fast-exit",
+        action="store_true",
+        help="let ranks run CPython's full garbage collection at exit (0.4-0.7 s with torch)",
+    )
+    _opt(f, "--log-level", default="info", choices=["debug", "info", "warning", "error"],
+         action=hosting.StoreGiven)  # fmt: skip
+    _opt(
+        f,
+        "--state-dir",
+        default=None,
+        help="where learned timeouts persist (default <log-dir>/<run id>/state)",
+    )
+    _opt(f, "--workers-stop-timeout", type=float, default=None, help=argparse.SUPPRESS)  # ft_launcher's name
+    _opt(f, "--term-timeout", type=float, default=None, help=argparse.SUPPRESS)  # ft_launcher's name
+
+

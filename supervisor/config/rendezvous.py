@@ -1,0 +1,104 @@
+"""The rendezvous settings of a multi-node run, validated without importing torch.
+
+torchrun's options map one to one: ``--nnodes MIN:MAX``, ``--node-rank``,
+``--rdzv-backend``, ``--rdzv-endpoint``, ``--rdzv-id`` and ``--rdzv-conf
+key=value,...``. Values reach torch's ``RendezvousParameters`` as torchrun
+passes them; we check them first so a typo is an error that names the key
+instead of a default silently used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from supervisor.config.errors import ConfigError
+
+BACKENDS = ("c10d", "static", "etcd-v2")
+
+# torch's defaults (dynamic_rendezvous.RendezvousTimeout and create_handler)
+INT_KEYS: dict[str, int | None] = {
+    "join_timeout": 600,
+    "last_call_timeout": 30,
+    "close_timeout": 30,
+    "heartbeat_timeout": 5,
+    "keep_alive_interval": 5,
+    "keep_alive_max_attempt": 3,
+    "read_timeout": 60,
+    "timeout": None,  # the static backend's store timeout
+}
+BOOL_KEYS = ("is_host",)
+STR_KEYS = ("store_type", "protocol", "ssl_cert", "ssl_cert_key", "ca_cert")
+_TRUE, _FALSE = ("1", "true", "t", "yes", "y"), ("0", "false", "f", "no", "n")
+
+
+
+
+def parse_conf(value: str) -> dict[str, str]:
+    """``--rdzv-conf join_timeout=60,is_host=1``: every key known, every value well formed."""
+    conf: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        key, sep, raw = (s.strip() for s in item.partition("="))
+        if not key or not sep or not raw:
+            raise ConfigError(f"--rdzv-conf {value!r}: {item!r} is not key=value")
+        if key in INT_KEYS:
+            if not raw.isdigit() or int(raw) < 1:
+                raise ConfigError(f"--rdzv-conf {key}={raw}: expected a whole number of seconds >= 1")
+        elif key in BOOL_KEYS:
+            if raw.lower() not in _TRUE + _FALSE:
+                raise ConfigError(f"--rdzv-conf {key}={raw}: expected true or false")
+        elif key not in STR_KEYS:
+            known = ", ".join(sorted([*INT_KEYS, *BOOL_KEYS, *STR_KEYS]))
+            raise ConfigError(f"--rdzv-conf: unknown key {key!r} (known: {known})")
+        conf[key] = raw
+    return conf
+
+
+@dataclass(frozen=True, slots=True)
+class RdzvConfig:
+    backend: str
+    endpoint: str
+    run_id: str
+    min_nodes: int
+    max_nodes: int
+    node_rank: int = 0  # used by the static backend only: dynamic ones assign it
+    local_addr: str | None = None
+    conf: Mapping[str, str] = field(default_factory=dict)
+    # how often a running node looks at its peers' news in the store
+    poll_interval: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"--rdzv-backend {self.backend!r}: expected one of {', '.join(BACKENDS)}")
+        if not 0 < self.min_nodes <= self.max_nodes:
+            raise ConfigError(f"--nnodes {self.min_nodes}:{self.max_nodes}: need 0 < MIN <= MAX")
+        if not self.endpoint:
+            what = (
+                "--master-addr and --master-port" if self.backend == "static" else "--rdzv-endpoint HOST:PORT"
+            )
+            raise ConfigError(f"--rdzv-backend {self.backend} on several nodes needs {what}")
+        if self.backend == "static":
+            if self.min_nodes != self.max_nodes:
+                raise ConfigError(
+                    f"--nnodes {self.min_nodes}:{self.max_nodes}: the static backend needs a fixed "
+                    "number of nodes; use --rdzv-backend c10d for MIN:MAX"
+                )
+            if not 0 <= self.node_rank < self.max_nodes:
+                raise ConfigError(f"--node-rank {self.node_rank}: must be in [0, {self.max_nodes})")
+
+    def seconds(self, key: str) -> int:
+        raw = self.conf.get(key)
+        if raw is not None:
+            return int(raw)
+        default = INT_KEYS[key]
+        if default is None:
+            raise KeyError(key)
+        return default
+
+    @property
+    def keep_alive_bound(self) -> float:
+        """Seconds without a keep-alive after which torch (and we) call a node dead."""
+        return float(self.seconds("keep_alive_interval") * self.seconds("keep_alive_max_attempt"))
+
+    @property
+    def dynamic(self) -> bool:
+        return self.backend != "static"

@@ -1,0 +1,189 @@
+"""One frozen, validated configuration for a run.
+
+Built once from the command line (and torchrun's PET_* variables); the rest of
+the daemon never sees a raw string. Every problem raises ConfigError naming the
+option and the expected form.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from supervisor.config.checkpoints import CheckpointConfig
+from supervisor.config.rendezvous import RdzvConfig
+from supervisor.core.topology import Topology
+from supervisor.config.ft import FtConfig
+from supervisor.config.hosting import HostingConfig
+from supervisor.log import STDERR, STDOUT
+from supervisor.config.metrics import MetricsConfig
+from supervisor.config.policy import PolicyConfig
+from supervisor.core.program import Program
+from supervisor.config.errors import ConfigError
+
+
+
+
+STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
+DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+
+def parse_std(option: str, value: str, nproc: int) -> dict[int, int]:
+    """torchrun's std spec: ``3`` for every local rank, or ``0:1,1:2`` per rank."""
+    value = value.strip()
+    if re.fullmatch(r"[0-3]", value):
+        return dict.fromkeys(range(nproc), int(value))
+    if not re.fullmatch(r"\d+:[0-3](,\d+:[0-3])*", value):
+        raise ConfigError(
+            f"{option} {value!r}: expected 0-3 (0 none, 1 stdout, 2 stderr, 3 both) "
+            "or a per-local-rank map such as 0:1,1:2"
+        )
+    spec = dict.fromkeys(range(nproc), STD_NONE)
+    for item in value.split(","):
+        rank, std = (int(x) for x in item.split(":"))
+        if rank >= nproc:
+            raise ConfigError(f"{option} {value!r}: local rank {rank} does not exist (nproc {nproc})")
+        spec[rank] = std
+    return spec
+
+
+def parse_nproc(value: str, environ: Mapping[str, str]) -> int:
+    value = value.strip()
+    if re.fullmatch(r"\d+", value):
+        n = int(value)
+        if n < 1:
+            raise ConfigError(f"--nproc-per-node {value}: must be at least 1")
+        return n
+    if value == "cpu":
+        return len(os.sched_getaffinity(0))
+    if value in ("gpu", "auto"):
+        gpus = count_gpus(environ)
+        if gpus:
+            return gpus
+        if value == "gpu":
+            raise ConfigError("--nproc-per-node gpu: no CUDA device is visible on this node")
+        return len(os.sched_getaffinity(0))
+    raise ConfigError(f"--nproc-per-node {value!r}: expected an integer, cpu, gpu or auto")
+
+
+def count_gpus(environ: Mapping[str, str]) -> int:
+    """CUDA devices visible to the ranks, without importing torch in the daemon."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return len(list(gpus.iterdir())) if gpus.is_dir() else 0
+
+
+def parse_nnodes(value: str) -> tuple[int, int]:
+    m = re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", value)
+    if not m:
+        raise ConfigError(f"--nnodes {value!r}: expected N or MIN:MAX")
+    lo = int(m.group(1))
+    hi = int(m.group(2)) if m.group(2) else lo
+    if not 0 < lo <= hi:
+        raise ConfigError(f"--nnodes {value!r}: need 0 < MIN <= MAX")
+    return lo, hi
+
+
+def parse_signals(value: str) -> tuple[int, ...]:
+    out = []
+    for raw in filter(None, (s.strip().upper() for s in value.split(","))):
+        name = raw if raw.startswith("SIG") else "SIG" + raw
+        try:
+            out.append(int(getattr(signal.Signals, name)))
+        except AttributeError:
+            raise ConfigError(f"--signals-to-handle: unknown signal {name!r}") from None
+    if not out:
+        raise ConfigError("--signals-to-handle: expected a list such as SIGTERM,SIGINT")
+    if signal.SIGKILL in out or signal.SIGSTOP in out:
+        raise ConfigError("--signals-to-handle: SIGKILL and SIGSTOP cannot be handled")
+    return tuple(out)
+
+
+def parse_ranks_filter(value: str, nproc: int) -> frozenset[int] | None:
+    if not value.strip():
+        return None
+    try:
+        ranks = frozenset(int(x) for x in value.split(","))
+    except ValueError:
+        raise ConfigError(
+            f"--local-ranks-filter {value!r}: expected comma-separated local ranks, e.g. 0,1,2"
+        ) from None
+    bad = sorted(r for r in ranks if not 0 <= r < nproc)
+    if bad:
+        raise ConfigError(f"--local-ranks-filter {value!r}: local rank(s) {bad} do not exist (nproc {nproc})")
+    return ranks
+
+
+# What a distributed torch script ends up importing: DistributedDataParallel
+# (and FSDP, and torch.compile) import torch._dynamo lazily, 800 modules and
+# about 1 s, on the first construction; a standby pays it instead.
+TORCH_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
+
+
+def safe_name(name: str) -> str:
+    """A run id as a single, harmless path component."""
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return cleaned.strip(".") or "run"
+
+
+def default_preload(python: str, current: str) -> tuple[str, ...]:
+    # Only the rank's interpreter can tell whether torch is there; for our
+    # own it costs a stat (importing it in the daemon would cost 200 MB).
+    if python != current:
+        return ()
+    return TORCH_PRELOAD if importlib.util.find_spec("torch") is not None else ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    program: Program
+    topology: Topology
+    max_restarts: int = 0
+    run_id: str = "none"
+    master_addr: str = "localhost"
+    master_port: int | None = None  # None: a fresh free port every generation
+    log_dir: Path = Path("ft-supervisor-logs")
+    state_dir: Path = Path("ft-supervisor-logs/state")
+    redirects: Mapping[int, int] | None = None
+    tee: Mapping[int, int] | None = None
+    local_ranks_filter: frozenset[int] | None = None
+    shutdown_timeout: float = 30.0
+    kill_timeout: float = 10.0
+    exit_grace: float = 10.0
+    save_timeout: float = 60.0  # the dying gasp: how long ranks with a save callback get to save
+    finished_flag: Path | None = None  # FAULT_TOL_FINISHED_FLAG_FILE: training is complete when it exists
+    autoresume: bool = False  # create finished_flag when the job completes
+    stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+    standby: bool = True
+    cgroups: bool = True  # a cgroup per generation where one can be created
+    virtual_local_rank: bool = False
+    log_level: str = "info"
+    ft: FtConfig = field(default_factory=FtConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    rdzv: RdzvConfig | None = None  # None: a single node, no rendezvous
+    hosting: HostingConfig = field(default_factory=HostingConfig)  # reload, forwarded signals
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)  # off unless --metrics-port
+    checkpoint: CheckpointConfig | None = None  # None: no checkpoint sync
+
+    def console_streams(self, local_rank: int) -> tuple[int, ...]:
+        """Streams of a local rank shown on the console (torchrun's rules)."""
+        if self.local_ranks_filter is not None and local_rank not in self.local_ranks_filter:
+            return ()
+        redirected = (self.redirects or {}).get(local_rank, STD_NONE)
+        teed = (self.tee or {}).get(local_rank, STD_NONE)
+        shown = []
+        for stream, bit in ((STDOUT, STD_OUT), (STDERR, STD_ERR)):
+            if not redirected & bit or teed & bit:
+                shown.append(stream)
+        return tuple(shown)
+
+    @property
+    def signals_to_handle(self) -> str:
+        return ",".join(signal.Signals(s).name for s in self.stop_signals)

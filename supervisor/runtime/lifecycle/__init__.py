@@ -1,0 +1,1 @@
+"""The daemon's loop and a generation's life: launch, watch, judge, end."""

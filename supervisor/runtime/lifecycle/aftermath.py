@@ -1,0 +1,129 @@
+"""After a generation ends: its ranks' stacks (if one hung) and the evidence."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, replace
+
+from supervisor.core.blame import Suspect
+from supervisor.core.errorfile import order_failures
+from supervisor.core.stacks import Reading, Where, read
+from supervisor.core.states import RankState
+from supervisor.core.types import RankFailure
+from supervisor.core.watch import Hang
+from supervisor.process.evidence import failure_evidence
+from supervisor.process.stacks import dump_stacks, process_state
+from supervisor.runtime.records.events import EventLog
+from supervisor.runtime.lifecycle.generation import Generation
+from supervisor.runtime.lifecycle.monitor import Monitor
+
+
+async def collect_stacks(
+    gen: Generation, monitor: Monitor, timeout: float, events: EventLog
+) -> dict[int, Reading | None]:
+    """Every live rank's stacks into its log, before the kill: all at once, since
+    this is on the critical path of the restart. Where each rank stands, by local
+    rank: what it was doing (its main thread), stopped, or silent (no answer); None
+    for a rank that cannot dump its stacks (no client)."""
+    live = [r for r in gen.ranks.values() if r.returncode is None]
+    # read before the dump: the dump's SIGCONT would wake a stopped rank
+    stopped = {r.slot.local_rank for r in live if process_state(r.pid) in ("T", "t")}
+    ranks = [r for r in live if monitor.stack_signals.get(r.slot.rank) is not None]
+    texts = await asyncio.gather(
+        *(dump_stacks(r.pid, monitor.stack_signals[r.slot.rank], r.files.stderr, timeout) for r in ranks)
+    )
+    found: dict[int, Reading | None] = {r.slot.local_rank: None for r in live}
+    for rank, text in zip(ranks, texts, strict=True):
+        lr = rank.slot.local_rank
+        gen.stacks[lr] = text
+        reading = read(text) or Reading(Where.STOPPED, (), "did not answer the stack dump")
+        found[lr] = reading
+        events.emit(
+            "stacks_dumped",
+            generation=gen.number,
+            rank=rank.slot.rank,
+            where=reading.where.name.lower(),
+            lines=text.count("\n"),
+            log=str(rank.files.stderr),
+            stacks=text,
+            quiet=("stacks",),  # the console shows them already, from the rank's log
+        )
+    for lr in stopped:
+        found[lr] = Reading(Where.STOPPED, (), "stopped (SIGSTOP, or a debugger)")
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """A live rank as the monitor knew it when the deadline was missed (before the
+    stack dump's SIGCONT lets a stopped rank talk again)."""
+
+    rank: int
+    last_seen: float
+    iteration: int | None
+    own: Hang | None  # its own deadline, if passed
+    interval: Hang | None  # the interval it was in
+
+
+def seen_now(gen: Generation, monitor: Monitor, now: float) -> dict[int, Seen]:
+    """By local rank, the live ranks' last signs of life; a rank never heard from has
+    been silent since the generation began."""
+    out = {}
+    for lr, r in gen.ranks.items():
+        if r.returncode is not None:
+            continue
+        rank = r.slot.rank
+        watch = monitor.watches.get(rank)
+        if watch is None or watch.last_seen is None:
+            out[lr] = Seen(rank, gen.started_at, None, None, None)
+        else:
+            t = monitor.timeouts
+            own, interval = watch.expired(t, now, monitor.stalls), watch.current(t, now, monitor.stalls)
+            out[lr] = Seen(rank, watch.last_seen, watch.iteration, own, interval)
+    return out
+
+
+def suspects(seen: dict[int, Seen], readings: dict[int, Reading | None]) -> list[Suspect]:
+    """The live ranks as the blame sees them: stacks, last message, iteration, own deadline."""
+    return [Suspect(s.rank, readings.get(lr), s.last_seen, s.iteration, s.own) for lr, s in seen.items()]
+
+
+async def failures(
+    gen: Generation, monitor: Monitor
+) -> tuple[tuple[RankFailure, ...], tuple[RankFailure, ...]]:
+    """Every rank that failed on its own or hung, the root cause first; and the ranks
+    we stopped that did not end cleanly (``Evidence.stopped``).
+
+    The first includes ranks we stopped: one may have raised (and written its error
+    file) first, then been slow to exit while a peer failed because of it. Its
+    error file, written before we signalled it, gives it away.
+    """
+    found_all: list[RankFailure] = []
+    stopped: list[RankFailure] = []
+    for lr, exit in gen.exits.items():
+        state = gen.ranks[lr].state
+        if state not in (RankState.FAILED, RankState.STOPPED):
+            continue
+        files = gen.ranks[lr].files
+        found = await failure_evidence(exit, files, gen.exit_offsets.get(lr, {}).get(files.stderr))
+        hang, hang_at = gen.hangs.get(lr, (None, None))
+        failed_first = found.error_at is not None and (
+            gen.stop_wall is None or found.error_at < gen.stop_wall
+        )
+        failed = state is RankState.FAILED or failed_first or hang is not None
+        if not failed and exit.status.code == 0:
+            continue  # it finished cleanly as we stopped it: a bystander
+        rank = exit.rank
+        (found_all if failed else stopped).append(
+            replace(
+                found,
+                hang=hang,
+                hang_at=hang_at,
+                stacks=gen.stacks.get(lr, ""),
+                exception=monitor.exceptions.get(rank),
+                notable=gen.notable.get(rank, ()),
+                after_exit=(*gen.after_exit.get(rank, ()), *found.after_exit),
+                progressed=monitor.progressed(rank),
+            )
+        )
+    return tuple(order_failures(found_all)), tuple(order_failures(stopped))

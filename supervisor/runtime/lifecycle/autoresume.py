@@ -1,0 +1,31 @@
+"""Auto-resume: the finished-flag file (nvidia-resiliency-ext's FAULT_TOL_FINISHED_FLAG_FILE).
+
+An outer loop (a SLURM requeue, a Kubernetes Job's retries) relaunches the run
+until training is complete. The flag file is how it knows: a run that finds it
+exits 0 without starting ranks, and ``--autoresume`` creates it when the job
+completes (the Lightning callback's ``autoresume=True`` does the same from rank 0).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import orjson
+
+from supervisor.runtime.records.reason import write_atomically
+
+ENV = "FAULT_TOL_FINISHED_FLAG_FILE"
+
+
+def export(flag: Path | None) -> None:
+    """Ranks learn the file's name from their environment (as under ft_launcher)."""
+    if flag is not None:
+        os.environ[ENV] = str(flag)
+
+
+def mark_finished(flag: Path, run_id: str) -> None:
+    content = {"run_id": run_id, "node": socket.gethostname(), "t_wall": time.time()}
+    write_atomically(flag, orjson.dumps(content) + b"\n")

@@ -1,0 +1,590 @@
+"""The daemon: launch generations, watch them, end them, decide, repeat.
+
+The loop gathers evidence (exits, hangs, stacks, error files, log tails) and
+applies the decisions ``supervisor.core.policy.decide`` returns. Signals and
+control requests arrive as commands on one queue. Every rank, whatever the
+reason, is ended by the one termination procedure in
+``supervisor.process.terminate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import resource
+import secrets
+import signal
+import time
+from collections.abc import Awaitable, Coroutine
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import zmq
+import zmq.asyncio
+
+from supervisor import log
+from supervisor.checkpoints.sync import CheckpointSync
+from supervisor.config.run import RunConfig
+from supervisor.coord.job import JobOver, LocalJob, RendezvousJob, Round
+from supervisor.core.evidence import WorkloadAsk
+from supervisor.core.jobwide import NodeOutcome, PeerNews, joint, spends_budget
+from supervisor.core.learning import Learned
+from supervisor.core.states import GroupVerdict
+from supervisor.core.topology import (
+    ENV_NOFILE,
+    RunIdentity,
+    token_entry,
+)
+from supervisor.core.types import Action, Decision, Reason, signal_name
+from supervisor.core.watch import Hang
+from supervisor.process.evidence import error_file_time
+from supervisor.process.orphans import OrphanGuard
+from supervisor.process.spawn import RankProcess
+from supervisor.process.tail import LogFollower
+from supervisor.process.terminate import Signaller, TerminationReport
+from supervisor.runtime.lifecycle import autoresume
+from supervisor.runtime.lifecycle import closing
+from supervisor.runtime.lifecycle import hangs
+from supervisor.runtime.lifecycle import rounds
+from supervisor.runtime.lifecycle import signals
+from supervisor.runtime.records import statefile
+from supervisor.runtime.services import status
+from supervisor.aio import first
+from supervisor.runtime.clock import Clock
+from supervisor.runtime.services.control import ControlServer
+from supervisor.runtime.lifecycle.ending import Ender
+from supervisor.runtime.records.events import EventLog
+from supervisor.runtime.lifecycle.generation import Generation
+from supervisor.runtime.lifecycle.hosting import Hosting
+from supervisor.runtime.lifecycle.judge import Judge
+from supervisor.runtime.lifecycle.launcher import Launcher
+from supervisor.runtime.services.loopwatch import LoopWatch
+from supervisor.runtime.services.metrics import close_metrics, refresh_metrics, start_metrics
+from supervisor.runtime.lifecycle.monitor import Monitor
+from supervisor.runtime.services.publisher import Publisher
+from supervisor.runtime.records.rundir import RunDir
+from supervisor.transport.endpoints import Endpoints, Sockets, bind
+
+EXIT_SUCCESS = 0
+EXIT_FAILED = 1  # the daemon's own failure (an internal error)
+EXIT_USAGE = 2
+T = TypeVar("T")
+TAIL_INTERVAL = 0.05
+
+
+class Supervisor:
+    def __init__(
+        self,
+        config: RunConfig,
+        rundir: RunDir,
+        logger: logging.Logger,
+        console: log.Console,
+        signaller: Signaller | None = None,
+    ) -> None:
+        self.cfg = config
+        self.rundir = rundir
+        self.logger = logger
+        self.clock = Clock()
+        self.token = secrets.token_hex(16)
+        self._key_secret = secrets.token_bytes(32)  # never leaves the daemon
+        self._signaller = signaller or Signaller()
+        self._commands: asyncio.Queue[signals.Command] = asyncio.Queue()
+        self._follower = LogFollower(console)
+        self._stop_signal: int | None = None
+        self._stopping = asyncio.Event()
+        self._force = asyncio.Event()
+        self._current: Generation | None = None
+        self._completed = False  # the job ended without failure: training is done
+        self._round: Round | None = None
+        self._started_at = self.clock.monotonic()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._state_path = statefile.path_in(config.state_dir)
+
+    async def run(self) -> int:
+        self.events = EventLog(self.rundir.events, self.logger, self.clock, run_id=self.cfg.run_id)
+        self.endpoints = Endpoints.create(os.getpid())
+        context = zmq.asyncio.Context()
+        sockets = bind(context, self.endpoints)
+        self.publisher = Publisher(sockets.events)
+        self.events.publish = self.publisher.publish
+        self.loop_watch = LoopWatch(self.clock, self.events)
+        self.monitor = self._make_monitor(sockets)
+        self.judge = Judge(self.cfg, self.events, self.clock)
+        self.hosting = Hosting(self.cfg, self.events, self.monitor, self.logger, self._signaller)
+        self.metrics = start_metrics(self.cfg.metrics, self.events, run_id=self.cfg.run_id,
+                                     node=self.judge.node, wall=self.clock.wall)  # fmt: skip
+        self.job: LocalJob | RendezvousJob = (
+            LocalJob(self.cfg.master_addr, self.cfg.master_port)
+            if self.cfg.rdzv is None
+            else RendezvousJob(self.cfg.rdzv, self.cfg.master_port, self.events)
+        )
+        control = ControlServer(sockets.control, self._control, self.events, self.clock)
+        self._control_drops = control.drops
+        self.checkpoints = CheckpointSync(self.cfg.checkpoint, self.events)  # a no-op without the options
+        self.ident = RunIdentity(
+            run_id=self.cfg.run_id,
+            max_restarts=self.cfg.max_restarts,
+            signals_to_handle=self.cfg.signals_to_handle,
+            run_dir=str(self.rundir.root),
+            run_token=self.token,
+            virtual_local_rank=self.cfg.virtual_local_rank,
+            key_secret=self._key_secret,
+        )
+        self._launcher = Launcher(
+            cfg=self.cfg,
+            rundir=self.rundir,
+            ident=self.ident,
+            events=self.events,
+            clock=self.clock,
+            follower=self._follower,
+            monitor=self.monitor,
+            ranks_endpoint=self.endpoints.ranks,
+            start_task=self._start_task,
+            signaller=self._signaller,
+            force=self._force,
+        )
+        self._ender = Ender(self.cfg, monitor=self.monitor, events=self.events, clock=self.clock,
+                            follower=self._follower, signaller=self._signaller, force=self._force,
+                            token=self.token, persist=self._persist)  # fmt: skip
+        guard = await OrphanGuard.start(token_entry(self.token))
+        hosting = self.cfg.hosting
+        handled = signals.install(self._commands, self.cfg.stop_signals, hosting.reload_signals,
+                                  hosting.forward_signals)  # fmt: skip
+        self.endpoints.publish_info(
+            pid=os.getpid(), run_id=self.cfg.run_id, run_dir=str(self.rundir.root), started=time.time()
+        )
+        self._announce()
+        self.judge.announce()
+        code = EXIT_FAILED
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                background = [
+                    tg.create_task(self._dispatch()),
+                    tg.create_task(self._tail()),
+                    tg.create_task(self.monitor.run()),
+                    tg.create_task(self.loop_watch.run()),
+                    tg.create_task(self.publisher.run()),
+                    tg.create_task(control.run()),
+                    tg.create_task(self.checkpoints.run()),  # the copy-back, then a sync every period
+                    tg.create_task(self.hosting.run(guard.pid)),
+                    tg.create_task(refresh_metrics(self.metrics, self._status)),
+                ]
+                try:
+                    code = await self._supervise()
+                finally:
+                    # watchers of ranks that outlived SIGKILL would wait forever
+                    for task in [*background, *self._tasks]:
+                        task.cancel()
+        finally:
+            # the last checkpoint sync, whatever the outcome; _supervise ended the ranks
+            # (unless the daemon itself failed: then only settled checkpoints are sent)
+            await self.checkpoints.final(ranks_gone=code != EXIT_FAILED)
+            signals.uninstall(handled)
+            await guard.close()
+            self._finish(code)
+            close_metrics(self.metrics)
+            sockets.close()
+            context.term()
+            self.endpoints.remove()
+        return code
+
+    def _make_monitor(self, sockets: Sockets) -> Monitor:
+        learned, problem = statefile.load(self._state_path)
+        if problem is not None:
+            self.events.emit("state_unreadable", logging.WARNING, problem=problem)
+        ranks = [s.rank for s in self.cfg.topology.slots()]
+        configured = self.cfg.ft.timeouts()
+        return Monitor(
+            sockets.ranks,
+            ranks=ranks,
+            configured=configured,
+            learned=learned,
+            clock=self.clock,
+            events=self.events,
+            on_hang=self._on_hang,
+            secret=self._key_secret,
+            loop_watch=self.loop_watch,
+            persist=lambda learned: self._persist(learned, self.monitor.generation),
+            safety_factor=self.cfg.ft.safety_factor,
+        )
+
+    def _persist(self, learned: Learned, generation: int | None) -> None:
+        """Learned timeouts outlive the run (``--state-dir``); a failed write is reported."""
+        try:
+            statefile.save(self._state_path, learned, run_id=self.cfg.run_id, generation=generation)
+        except OSError as exc:
+            self.events.emit("state_unwritable", logging.WARNING, path=str(self._state_path), error=str(exc))
+
+    def _announce(self) -> None:
+        self.events.emit(
+            "run_started",
+            run_dir=str(self.rundir.root),
+            pid=os.getpid(),
+            control=self.endpoints.control,
+            nproc_per_node=self.cfg.topology.nproc_per_node,
+            max_restarts=self.cfg.max_restarts,
+            program=self.cfg.program.target,
+            standby=self.cfg.standby,
+            preload=",".join(self.cfg.program.preload) or None,
+            timeouts=status.timeouts(self.monitor),
+            # what `ft-supervisor classify` needs to decide again as this run decides
+            policy=self.cfg.policy.policy.to_json(),
+            restart_window=self.cfg.policy.restart_window,
+        )
+        if self.cfg.ft.ignored:
+            self.events.emit("settings_ignored", logging.WARNING, settings=list(self.cfg.ft.ignored))
+
+    # -- the loop -----------------------------------------------------------------
+
+    async def _supervise(self) -> int:
+        launcher, job = self._launcher, self.job
+        gen = await launcher.prepare(0, standby=False)  # ranks preload while the nodes gather
+        try:
+            if not await self._unless_stopped(job.start()):
+                await launcher.drop(gen)
+                return self._stopped_code()
+        except JobOver as over:
+            await launcher.drop(gen)
+            return await self._job_over(None, over)
+        while True:
+            try:
+                rnd = await self._unless_stopped(job.join(gen.number))
+            except JobOver as over:
+                await launcher.drop(gen)
+                return await self._job_over(None, over)
+            if rnd is None:
+                await launcher.drop(gen)
+                return self._stopped_code()
+            self._round = rnd
+            topology = replace(self.cfg.topology, nnodes=rnd.nnodes, node_rank=rnd.node_rank)
+            gen = await launcher.fit(gen, topology)
+            if await self._unless_stopped(self.checkpoints.restored.wait()) is None:  # before any script runs
+                await launcher.drop(gen)
+                return self._stopped_code()
+            if job.multi:
+                self._sync_budget(rnd)
+            after = await self._run_generation(gen, rnd)
+            if isinstance(after, int):
+                return after
+            gen = after
+
+    async def _run_generation(self, gen: Generation, rnd: Round) -> Generation | int:
+        """Run one generation to its end; the next one, or this node's exit code."""
+        launcher, job = self._launcher, self.job
+        self._current = gen
+        job.note("running", generation=gen.number, node_rank=rnd.node_rank, nnodes=rnd.nnodes,
+                 ranks=len(gen.ranks))  # fmt: skip
+        await launcher.launch(gen, rnd.master_addr, rnd.master_port)
+        upcoming = self._tg.create_task(launcher.prepare_standby(gen, self.judge.remaining(), self._stopping))
+        watch = asyncio.ensure_future(job.watch(rnd))
+        await first(gen.ended.wait(), self._stopping.wait(), watch)
+        news, over = rounds.heard(watch)
+        if news is not None:
+            self.events.emit(
+                "peer_news", logging.WARNING, generation=gen.number, news=str(news[0]), detail=news[1]
+            )
+        stopping = self._stop_signal is not None
+        if (
+            job.multi
+            and news is None
+            and over is None
+            and (stopping or gen.verdict is not GroupVerdict.SUCCEEDED)
+        ):
+            over = await self._announce_end(rnd, gen)
+        ending = self.clock.monotonic()
+        if gen.missed is not None and not stopping:
+            await hangs.name_hung(gen, self.monitor, stack_timeout=self.cfg.ft.stack_dump_timeout,
+                                  clock=self.clock, events=self.events)  # fmt: skip
+        gen.trouble_at = (
+            None
+            if gen.verdict is GroupVerdict.SUCCEEDED and news is None and not stopping
+            else gen.trouble_began(ending, self.monitor.exception_at)
+        )
+        report = await self._ender.end(gen, stop_signal=self._stop_signal, why=self._why_ending(gen, news))
+        if stopping or over is not None:
+            await launcher.discard(upcoming)
+            return await self._job_over(rnd, over) if over is not None else self._stopped_code()
+        decision = await self._decide(gen, report, news)
+        own = rounds.own_outcome(rnd, decision, self.judge.classification, self.judge.node)
+        try:
+            outcomes = await self._unless_stopped(job.agree(rnd, own))
+        except JobOver as gone:
+            await launcher.discard(upcoming)
+            return await self._job_over(rnd, gone)
+        if outcomes is None:
+            await launcher.discard(upcoming)
+            return self._stopped_code()
+        action = joint(own, outcomes)
+        if job.multi:
+            self.events.emit("job_decision", generation=gen.number, action=str(action),
+                             outcomes=[o.to_json() for o in outcomes])  # fmt: skip
+        self._completed = action is Action.CONTINUE
+        if action is Action.RESTART:
+            return await self._restart(rnd, gen, outcomes, upcoming)
+        await launcher.discard(upcoming)
+        if action is not own.action:
+            decision = rounds.adopted(action, outcomes)
+            self.judge.adopt(decision, gen.number)
+        live = sum(1 for o in outcomes if o.reason is not Reason.NODE_LOST)
+        await job.finish(rnd, action, job_over=action is not Action.RESCHEDULE, live=live)
+        if decision is None:
+            return EXIT_SUCCESS
+        self.judge.report(decision, self.logger, self.rundir.root)
+        return self.cfg.policy.exit_codes.of(action)
+
+    async def _unless_stopped(self, aw: Awaitable[T]) -> T | None:
+        """``aw``'s result, or None when a stop signal came first (``aw`` is then cancelled)."""
+        task = asyncio.ensure_future(aw)
+        await first(task, self._stopping.wait())
+        if not task.done():
+            return None
+        return task.result()
+
+    def _stopped_code(self) -> int:
+        assert self._stop_signal is not None
+        return 128 + self._stop_signal
+
+    def _why_ending(self, gen: Generation, news: tuple[PeerNews, str] | None) -> str:
+        if self._stop_signal is not None:
+            return f"stop requested ({signal_name(self._stop_signal)})"
+        if news is not None:
+            return f"peer news: {news[0]}"
+        if gen.restart_requested:
+            return "restart requested"
+        return f"generation {gen.number} {gen.verdict}"
+
+    async def _announce_end(self, rnd: Round, gen: Generation) -> JobOver | None:
+        why = "stopping" if self._stop_signal is not None else f"generation {gen.number} {gen.verdict}"
+        try:
+            await self.job.announce_end(rnd, why)
+            if self._stop_signal is not None:
+                # the others need not wait for this node's keep-alive to go stale
+                left = NodeOutcome(rnd.node_rank, Action.RESCHEDULE, Reason.STOPPED, "stopped by a signal",
+                                   node=self.judge.node)  # fmt: skip
+                await self.job.publish(rnd, left)
+                await self.job.finish(rnd, Action.RESCHEDULE, job_over=False)
+        except JobOver as over:
+            return over
+        return None
+
+    async def _job_over(self, rnd: Round | None, over: JobOver) -> int:
+        """The job cannot go on with this node (the rendezvous ended, timed out, or is gone)."""
+        self.events.emit("job_over", logging.WARNING, action=str(over.action), reason=str(over.reason),
+                         detail=over.detail)  # fmt: skip
+        if rnd is not None and over.reason is not Reason.RENDEZVOUS_LOST:
+            await self.job.finish(rnd, over.action, job_over=False)
+        if over.action is Action.CONTINUE:
+            return EXIT_SUCCESS  # a spare let go: the job is done without it
+        decision = Decision(over.action, over.reason, over.detail)
+        self.judge.adopt(decision, 0 if self._current is None else self._current.number)
+        self.judge.report(decision, self.logger, self.rundir.root)
+        return self.cfg.policy.exit_codes.of(over.action)
+
+    async def _restart(
+        self,
+        rnd: Round,
+        gen: Generation,
+        outcomes: list[NodeOutcome],
+        upcoming: asyncio.Task[Generation | None],
+    ) -> Generation | int:
+        """The job restarts: spend the budget if a failure did, then the next generation."""
+        if spends_budget(outcomes):
+            self.judge.restarted()
+            counters = [o.node_rank for o in outcomes if o.reason is not Reason.NODE_LOST]
+            if self.job.multi and rnd.node_rank == min(counters, default=rnd.node_rank):
+                await self.job.count_restart()
+        standby = await upcoming
+        try:
+            return standby or await self._launcher.prepare(gen.number + 1, standby=False)
+        except OSError as exc:
+            return await self._cannot_spawn(rnd, gen.number + 1, exc)
+
+    async def _cannot_spawn(self, rnd: Round, generation: int, exc: OSError) -> int:
+        """This node cannot start ranks (their log files: a full or failing disk): run elsewhere."""
+        self.events.emit("spawn_failed", logging.ERROR, generation=generation, error=f"{exc.strerror or exc}",
+                         path=exc.filename)  # fmt: skip
+        decision = Decision(Action.RESCHEDULE, Reason.SPAWN_FAILED,
+                            f"generation {generation}'s ranks could not be started: {exc}")  # fmt: skip
+        self.judge.adopt(decision, generation)
+        await self.job.finish(rnd, Action.RESCHEDULE, job_over=False)
+        self.judge.report(decision, self.logger, self.rundir.root)
+        return self.cfg.policy.exit_codes.of(Action.RESCHEDULE)
+
+    def _sync_budget(self, rnd: Round) -> None:
+        """A node that joined late takes on the restarts the job already spent."""
+        for _ in range(rnd.restarts_used - self.judge.budget.used):
+            self.judge.restarted()
+
+    async def _decide(
+        self, gen: Generation, report: TerminationReport, news: tuple[PeerNews, str] | None
+    ) -> Decision | None:
+        """What follows the generation on this node; None when it simply succeeded."""
+        requests = tuple(
+            WorkloadAsk(r.rank, str(r.action), r.reason)
+            for r in self.monitor.requests
+            if r.action != "continue"
+        )
+        if gen.restart_requested and not report.unkillable:
+            return self.judge.operator_restart(gen)
+        if gen.verdict is GroupVerdict.SUCCEEDED and not requests:
+            return None
+        if (
+            news is not None
+            and gen.verdict is not GroupVerdict.FAILED
+            # a rank that failed on its own in the same instant (its error file, its
+            # client's report) is judged: its evidence says more than the peer's news
+            and not any(self._reported(r) for r in gen.ranks.values())
+            and not report.unkillable
+            and not requests
+        ):
+            return self.judge.follow(gen, *news)
+        return await self.judge.judge(gen, self.monitor, report.unkillable, requests)
+
+    def _on_hang(self, hang: Hang) -> None:
+        gen = self._current
+        if gen is None or not gen.started or gen.ended.is_set():
+            return
+        failing = gen.failing() or any(self._reported(r) for r in gen.ranks.values())
+        hangs.deadline_missed(gen, hang, failing=failing, clock=self.clock, events=self.events)
+
+    # -- commands: signals and the control endpoint ------------------------------------
+
+    async def _dispatch(self) -> None:
+        while True:
+            command = await self._commands.get()
+            if isinstance(command, signals.Stop):
+                self._on_stop(command.signum)
+            elif isinstance(command, signals.Reload | signals.Forward):
+                self.hosting.handle(command, self._current)
+            else:
+                self.events.emit("status", **self._status())
+
+    def _on_stop(self, signum: int) -> None:
+        if self._stop_signal is None:
+            self._stop_signal = signum
+            self.events.emit("stop_requested", signal=signal_name(signum))
+            self._stopping.set()
+        elif signum == signal.SIGINT and not self._force.is_set():
+            self.events.emit("stop_forced", signal=signal_name(signum))
+            self._force.set()
+
+    def _control(self, command: str) -> Any:
+        if command == "stop":
+            self._commands.put_nowait(signals.Stop(signal.SIGTERM))
+            return {"stopping": True}
+        if command == "restart":
+            gen = self._current
+            if gen is None or gen.ended.is_set():
+                raise RuntimeError("no running generation to restart")
+            self.events.emit("restart_requested", generation=gen.number)
+            gen.request_restart()
+            return {"restarting": gen.number}
+        return self._status()
+
+    def _status(self) -> dict[str, Any]:
+        out = self._status_of_ranks()
+        refused = {f"events_{k}": v for k, v in self.publisher.refused.items()}
+        out["dropped"] = {**out.get("dropped", {}), **refused}
+        lw = self.loop_watch
+        # the daemon's own health: how late its loop ran, and for how long it was stalled
+        out["loop"] = {"worst_lag": round(lw.worst_lag, 4), "stalls": len(lw.stalls),
+                       "stalled_seconds": round(lw.stalled_total, 3)}  # fmt: skip
+        out["standby"] = self._launcher.standby
+        return out
+
+    def _status_of_ranks(self) -> dict[str, Any]:
+        return status.build(
+            run_id=self.cfg.run_id,
+            run_dir=str(self.rundir.root),
+            gen=self._current,
+            monitor=self.monitor,
+            uptime=self.clock.monotonic() - self._started_at,
+            now=self.clock.monotonic(),
+            restarts_used=self.judge.budget.used,
+            max_restarts=self.cfg.max_restarts,
+            control_drops={str(k): v for k, v in self._control_drops.items()},
+            job=status.job(self._round, self.job.nodes()) if self.job.multi else None,
+        )
+
+    # -- background tasks -----------------------------------------------------------
+
+    async def _tail(self) -> None:
+        while True:
+            self._follower.poll()
+            self._check_reported_failures()
+            await asyncio.sleep(TAIL_INTERVAL)
+
+    def _check_reported_failures(self) -> None:
+        gen = self._current
+        if gen is not None:
+            gen.check_exits(self.cfg.exit_grace, self._reported)
+
+    def _reported(self, rank: RankProcess) -> bool:
+        return rank.slot.rank in self.monitor.exceptions or error_file_time(rank.files.error_file) is not None
+
+    def _start_task(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = self._tg.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _finish(self, code: int) -> None:
+        closing.close_run(
+            code,
+            cfg=self.cfg,
+            events=self.events,
+            rundir=self.rundir,
+            judge=getattr(self, "judge", None),
+            stopped=self._stop_signal is not None,
+            generation=None if self._current is None else self._current.number,
+            completed=self._completed,
+            seconds=self.clock.monotonic() - self._started_at,
+        )
+
+
+def _loop_factory() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop  # noqa: PLC0415
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
+MAX_DESCRIPTORS = 4096  # the daemon's own open files: what bounds the connections it holds
+
+
+def _bound_descriptors() -> None:
+    """Every connection to an endpoint holds a descriptor and a few KiB: cap them by capping
+    the daemon's open files. Ranks get the original limit back (process/bootstrap.py)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft <= MAX_DESCRIPTORS:
+        return
+    os.environ[ENV_NOFILE] = str(soft)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_DESCRIPTORS, hard))
+
+
+def run_daemon(config: RunConfig) -> int:
+    _bound_descriptors()
+    console = log.Console()
+    console.start()
+    logger = log.setup(console, config.log_level)
+    try:
+        flag = config.finished_flag
+        if flag is not None and flag.exists():
+            logger.info("already_finished", extra={"fields": {"finished_flag": str(flag), "exit_code": 0}})
+            return EXIT_SUCCESS  # an auto-resume loop relaunched a run whose training is complete
+        autoresume.export(flag)
+        try:
+            rundir = RunDir.create(config.log_dir, config.run_id, os.getpid(), time.time())
+        except OSError as exc:
+            logger.error("cannot create the run directory under %s: %s", config.log_dir, exc)  # noqa: TRY400
+            return EXIT_USAGE
+        with asyncio.Runner(loop_factory=_loop_factory) as runner:
+            return runner.run(Supervisor(config, rundir, logger, console).run())
+    except Exception:
+        logger.exception("internal_error")
+        return EXIT_FAILED
+    finally:
+        console.close()

@@ -1,0 +1,177 @@
+"""One generation: its ranks, their states, and how each of them ended."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from supervisor.core.states import GroupVerdict, RankState, group_verdict
+from supervisor.core.topology import Topology
+from supervisor.core.types import ExitStatus, RankExit, signal_name
+from supervisor.core.watch import Hang
+from supervisor.process.spawn import RankProcess
+from supervisor.runtime.clock import Clock
+from supervisor.runtime.records.events import EventLog
+
+
+class Generation:
+    """The ranks of one generation.
+
+    A generation is prepared (its ranks spawned, possibly as standbys that
+    preload while the previous generation trains), then started (every rank
+    gets its go), then ended by the termination procedure. ``ended`` is set
+    once its verdict is decided: every rank succeeded, or one failed.
+    """
+
+    def __init__(
+        self,
+        number: int,
+        clock: Clock,
+        events: EventLog,
+        before_exit_event: Callable[[int], Mapping[Path, int]] = lambda rank: {},
+    ) -> None:
+        self.number = number
+        self.topology = Topology(nproc_per_node=1)  # set by the launcher before any rank spawns
+        self.ranks: dict[int, RankProcess] = {}
+        self.exits: dict[int, RankExit] = {}
+        self.hangs: dict[int, tuple[Hang, float]] = {}  # local rank -> hang, wall time of its deadline
+        # the first deadline missed, and when (monotonic) it was noticed: who is hung
+        # is decided from every rank's evidence afterwards (supervisor.core.blame)
+        self.missed: tuple[Hang, float] | None = None
+        # when (monotonic) the trouble that ended it began; None: it ended well
+        self.trouble_at: float | None = None
+        self.stacks: dict[int, str] = {}  # local rank -> its dumped stacks
+        self.notable: dict[int, tuple[str, ...]] = {}  # rank -> trouble-looking log lines
+        self.after_exit: dict[int, tuple[str, ...]] = {}  # rank -> ...noticed after it exited
+        # local rank -> when (monotonic) it reported a failure (error file, client) while alive
+        self.reported: dict[int, float] = {}
+        self.stuck: set[int] = set()  # reported a failure, then did not exit within the grace
+        self.restart_requested = False  # by an operator (ft-supervisor restart)
+        # wall-clock time the termination procedure began: anything a rank
+        # recorded before then, it did on its own
+        self.stop_wall: float | None = None
+        self.ended = asyncio.Event()
+        self.started = False
+        self.started_at = 0.0  # monotonic
+        self._clock = clock
+        self._events = events
+        # lets the console show a rank's last words before the news of its exit, and
+        # says how far its logs went when it died (local rank -> path -> bytes)
+        self._before_exit_event = before_exit_event
+        self.exit_offsets: dict[int, Mapping[Path, int]] = {}
+
+    @property
+    def verdict(self) -> GroupVerdict:
+        if self.hangs or self.stuck or self.missed:  # stopped by us, but the generation failed
+            return GroupVerdict.FAILED
+        return group_verdict({lr: r.state for lr, r in self.ranks.items()})
+
+    def add(self, rank: RankProcess) -> None:
+        """Add (or replace) the rank of a local rank slot; ``watch`` it next."""
+        self.ranks[rank.slot.local_rank] = rank
+
+    def start(self) -> None:
+        self.started = True
+        self.started_at = self._clock.monotonic()
+        self._settle()
+
+    def missed_deadline(self, hang: Hang, noticed: float) -> None:
+        """A rank missed a deadline: the generation is over; which rank is hung comes next."""
+        if self.missed is None:
+            self.missed = (hang, noticed)
+        self.ended.set()
+
+    def hung(self, local_rank: int, hang: Hang, deadline_wall: float) -> None:
+        """The evidence names this rank as hung."""
+        self.hangs.setdefault(local_rank, (hang, deadline_wall))
+        self.ended.set()
+
+    def failing(self) -> bool:
+        """A rank failed or said it is failing: the others wait for it, they are not hung."""
+        return bool(self.reported) or any(r.state is RankState.FAILED for r in self.ranks.values())
+
+    def trouble_began(self, ending: float, reported: Mapping[int, float]) -> float:
+        """When (monotonic) the trouble that ends the generation began, at the latest
+        ``ending``: intervals still open then ended because of it, and teach nothing.
+        ``reported``: when ranks reported failures the daemon heard of (by rank)."""
+        times = [ending, *self.reported.values(), *reported.values()]
+        if self.missed is not None:
+            hang, noticed = self.missed
+            times.append(noticed - hang.open_for)
+        times += [e.at for lr, e in self.exits.items() if self.ranks[lr].state is RankState.FAILED]
+        return min(times)
+
+    def check_exits(self, grace: float, reported: Callable[[RankProcess], bool]) -> None:
+        """A rank that reported its failure (its torchelastic error file, or its client's
+        exception report) must exit soon; one that does not (a gloo or NCCL teardown
+        blocked on a peer, a stuck atexit handler) ends the generation after ``grace`` s."""
+        if not self.started or self.ended.is_set():
+            return
+        now = self._clock.monotonic()
+        for lr, rank in self.ranks.items():
+            if rank.returncode is not None or rank.state is not RankState.RUNNING:
+                continue
+            seen = self.reported.get(lr)
+            if seen is None:
+                if reported(rank):
+                    self.reported[lr] = now
+                    self._events.emit("rank_failure_reported", generation=self.number,
+                                      rank=rank.slot.rank, pid=rank.pid, exit_grace=grace)  # fmt: skip
+            elif now - seen >= grace:
+                self._events.emit("rank_exit_stuck", logging.WARNING, generation=self.number,
+                                  rank=rank.slot.rank, pid=rank.pid, waited=round(now - seen, 3))  # fmt: skip
+                self.stuck.add(lr)
+                self.ended.set()
+
+    def request_restart(self) -> None:
+        self.restart_requested = True
+        self.ended.set()
+
+    async def watch(self, rank: RankProcess) -> None:
+        """Wait for the rank to exit, then record how (a child watcher, no polling)."""
+        returncode = await rank.proc.wait()
+        rank.close_boot()
+        status = ExitStatus.from_returncode(returncode)
+        terminated = rank.state in (RankState.STOPPING, RankState.UNKILLABLE)
+        exit = RankExit(
+            local_rank=rank.slot.local_rank,
+            rank=rank.slot.rank,
+            pid=rank.pid,
+            status=status,
+            at=self._clock.monotonic(),
+            at_wall=self._clock.wall(),
+            terminated=terminated,
+        )
+        was_standby = rank.state is RankState.STANDBY
+        if terminated:
+            rank.move_to(RankState.STOPPED)
+        elif status.succeeded and not was_standby:
+            rank.move_to(RankState.SUCCEEDED)
+        else:
+            rank.move_to(RankState.FAILED)
+        self.exits[exit.local_rank] = exit
+        failed = rank.state is RankState.FAILED
+        offsets = self.exit_offsets[exit.local_rank] = self._before_exit_event(exit.rank)
+        self._events.emit(
+            "rank_exited",
+            # a standby dropped unused is routine; a failed rank never is
+            logging.WARNING if failed else logging.INFO if self.started else logging.DEBUG,
+            generation=self.number,
+            rank=exit.rank,
+            local_rank=exit.local_rank,
+            pid=exit.pid,
+            exit_code=status.code,
+            signal=None if status.signal is None else signal_name(status.signal),
+            state=str(rank.state),
+            standby=was_standby or None,
+            # how far its logs went when it died: what follows, processes it left behind wrote
+            stdout_bytes=offsets.get(rank.files.stdout),
+            stderr_bytes=offsets.get(rank.files.stderr),
+        )
+        self._settle()
+
+    def _settle(self) -> None:
+        if self.started and self.verdict is not GroupVerdict.RUNNING:
+            self.ended.set()

@@ -1,0 +1,77 @@
+"""A missed deadline: notice it at once, then name the hung rank from every rank's evidence.
+
+Noticing is the monitor's timer (``deadline_missed``, with how late it was
+noticed). Naming waits for the stacks of every live rank, dumped at once (they
+are wanted in the logs anyway, before the kill), and the pure
+``supervisor.core.blame`` picks the stuck rank(s): one ``rank_hung`` event each,
+saying which evidence decided, whose deadline was missed and who was waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from supervisor.core.blame import Blame, blame
+from supervisor.core.watch import Hang
+from supervisor.runtime.lifecycle import aftermath
+from supervisor.runtime.clock import Clock
+from supervisor.runtime.records.events import EventLog
+from supervisor.runtime.lifecycle.generation import Generation
+from supervisor.runtime.lifecycle.monitor import Monitor
+
+
+def deadline_missed(gen: Generation, hang: Hang, *, failing: bool, clock: Clock, events: EventLog) -> None:
+    """The monitor's timer fired for ``hang.rank``."""
+    fields: dict[str, Any] = {
+        "generation": gen.number, "rank": hang.rank, "kind": str(hang.kind), "section": hang.section,
+        "open_for": round(hang.open_for, 3), "timeout": hang.timeout, "late_by": round(hang.late_by, 6),
+    }  # fmt: skip
+    if failing:
+        # a rank already failed: the others wait for it, and its exit (or the exit
+        # grace) ends the generation; waiting on a failed peer is not a new hang
+        events.emit("deadline_ignored", logging.INFO, why="a rank of the generation already failed", **fields)
+        return
+    events.emit("deadline_missed", logging.WARNING, **fields)
+    gen.missed_deadline(hang, clock.monotonic())
+
+
+async def name_hung(
+    gen: Generation, monitor: Monitor, *, stack_timeout: float, clock: Clock, events: EventLog
+) -> Blame | None:
+    """Dump every live rank's stacks, blame the stuck rank(s), and record them as hung."""
+    if gen.missed is None:
+        return None
+    missed, noticed = gen.missed
+    # what each rank last said, as of the notice: the dump's SIGCONT wakes a stopped rank
+    seen = aftermath.seen_now(gen, monitor, noticed)
+    readings = await aftermath.collect_stacks(gen, monitor, stack_timeout, events)
+    found = blame(aftermath.suspects(seen, readings), missed, noticed)
+    local = {s.rank: lr for lr, s in seen.items()}
+    deadline_wall = clock.wall() - (clock.monotonic() - (noticed - missed.late_by))
+    for rank in found.ranks:
+        interval = seen[local[rank]].interval if rank in local else None
+        own = interval or missed
+        hang = Hang(
+            rank, own.kind, own.section, own.timeout, own.open_for, missed.late_by,
+            deadline_rank=missed.rank, evidence=f"{found.by}: {found.detail}",
+        )  # fmt: skip
+        events.emit(
+            "rank_hung",
+            logging.WARNING,
+            generation=gen.number,
+            rank=rank,
+            kind=str(hang.kind),
+            section=hang.section,
+            open_for=round(hang.open_for, 3),
+            timeout=hang.timeout,
+            late_by=round(missed.late_by, 6),
+            deadline_rank=missed.rank,
+            blamed_by=found.by,
+            undetermined=found.undetermined or None,
+            waiting=list(found.waiting) or None,
+            evidence=found.detail,
+        )
+        if rank in local:
+            gen.hung(local[rank], hang, deadline_wall)
+    return found

@@ -1,0 +1,463 @@
+"""The daemon's eyes inside the ranks: their messages, their deadlines, their hangs.
+
+One ``RankWatch`` per rank of the current generation and one timer per rank,
+armed at that rank's next deadline. A heartbeat only ever moves a deadline
+later, so the timer is left alone and re-armed when it fires early; a timer is
+re-armed at once only when a deadline moves earlier (a section opened). A hang
+is thus seen within a millisecond or so of its deadline, at no polling cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import traceback
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+
+from supervisor.core.learning import Calculation, Learned, calculate, observe
+from supervisor.core.topology import rank_key
+from supervisor.core.types import ReportedException
+from supervisor.core.watch import Hang, RankWatch, Timeouts
+from supervisor.runtime.clock import Clock
+from supervisor.runtime.records.events import EventLog
+from supervisor.runtime.services.loopwatch import LoopWatch
+from supervisor.transport import schema
+from supervisor.transport.schema import Dropped, DropReason
+
+DRAIN = 1000  # messages handled per wake-up before letting the loop run other work
+MAX_CATCH_UP = 100_000  # read at once before a deadline is judged (a full socket queue)
+STALLED = 0.5  # a timer this late means the loop itself was stalled (see loopwatch)
+
+
+@dataclass
+class _Timer:
+    handle: asyncio.TimerHandle
+    at: float
+
+
+class Monitor:
+    def __init__(
+        self,
+        sock: zmq.asyncio.Socket,
+        *,
+        ranks: Collection[int],
+        configured: Timeouts,
+        learned: Learned,
+        clock: Clock,
+        events: EventLog,
+        on_hang: Callable[[Hang], None],
+        secret: bytes = b"",
+        loop_watch: LoopWatch | None = None,
+        persist: Callable[[Learned], None] = lambda learned: None,
+        safety_factor: float = 5.0,
+    ) -> None:
+        self._sock = sock
+        # the same socket, without asyncio: draining what is queued needs no wake-up
+        self._sync: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
+        self._ranks = frozenset(ranks)
+        self.configured = configured
+        self.learned = learned
+        self.timeouts = learned.over(configured)
+        self._clock = clock
+        self._events = events
+        self._on_hang = on_hang
+        self._secret = secret  # every rank's key derives from it (core.topology.rank_key)
+        self._loop = loop_watch  # when the daemon itself was stalled: not the ranks' time
+        self._keys: dict[int, str] = {}  # this generation's, by rank
+        self._persist = persist
+        self._safety_factor = safety_factor
+        self._base = learned  # in force when the generation started: what a calculation merges with
+        self.generation: int | None = None
+        self.watches: dict[int, RankWatch] = {}
+        self.stack_signals: dict[int, int] = {}  # rank -> signal its client dumps stacks on
+        self.pids: dict[int, int] = {}
+        self.requests: list[schema.WorkloadRequest] = []
+        self.exceptions: dict[int, ReportedException] = {}
+        self.exception_at: dict[int, float] = {}  # rank -> when (monotonic) its report came
+        self.savers: dict[int, bytes] = {}  # rank -> its saver socket (a save callback waits there)
+        self.saves: dict[str, schema.Saved] = {}  # answers to "save now", by request id
+        self.save_news = asyncio.Event()
+        self.drops: Counter[DropReason] = Counter()
+        self.received = 0
+        self._timers: dict[int, _Timer] = {}
+        self._hung: set[int] = set()
+        self._stepping_ranks: set[int] = set()
+        self.stepping = asyncio.Event()  # every rank of the generation completed a step
+        self._identity: bytes | None = None  # the sender of the message being handled
+        self._told_unmonitored = False
+        self._handler_errors: set[str] = set()  # message kinds whose handling raised (told once)
+
+    # -- generations ----------------------------------------------------------------
+
+    def start_generation(self, number: int, pids: dict[int, int]) -> None:
+        self._cancel_timers()
+        self.generation = number
+        self._ranks = frozenset(pids)  # a node's ranks change when nodes join or leave
+        self.watches = {}
+        self.stack_signals = {}
+        self.pids = dict(pids)
+        self.requests = []
+        self.exceptions = {}
+        self.exception_at = {}
+        self.savers = {}
+        self.saves = {}
+        self._hung = set()
+        self._stepping_ranks = set()
+        self.stepping = asyncio.Event()
+        self._base = self.learned
+        self._keys = {}
+
+    @property
+    def stalls(self) -> Sequence[tuple[float, float]]:
+        return () if self._loop is None else self._loop.stalls
+
+    def rank_gone(self, generation: int, rank: int) -> None:
+        """The rank's process exited: it can miss no deadline (a clean exit outside any
+        section must not look like a hang a moment later)."""
+        watch = self.watches.get(rank)
+        if generation == self.generation and watch is not None:
+            watch.closed = True
+            self._cancel(rank)
+
+    def end_generation(self) -> list[RankWatch]:
+        """Stop watching; what was observed, for learning."""
+        self._cancel_timers()
+        self.generation = None
+        return list(self.watches.values())
+
+    def progressed(self, rank: int) -> bool | None:
+        """Did the rank complete a step this generation? None: it never said (no client)."""
+        watch = self.watches.get(rank)
+        if watch is None:
+            return None
+        return watch.iteration is not None or watch.completed_steps > 0
+
+    def iterations(self) -> list[int]:
+        return [w.iteration for w in self.watches.values() if w.iteration is not None]
+
+    def saved(self) -> bool:
+        return any(w.checkpoint_saved for w in self.watches.values())
+
+    def set_learned(self, learned: Learned) -> None:
+        self.learned = learned
+        self.timeouts = learned.over(self.configured)
+        now = self._clock.monotonic()
+        for rank in self.watches:
+            self._cancel(rank)
+            self._arm(rank, now)
+
+    # -- receiving ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Read the ranks' messages until cancelled.
+
+        ZeroMQ's FD is edge-triggered: one wake-up says "something changed",
+        so each wake-up drains what is queued with plain non-blocking reads. An
+        asyncio future per message (zmq.asyncio's recv) cost 15x more CPU.
+        """
+        loop = asyncio.get_running_loop()
+        fd = int(self._sync.getsockopt(zmq.FD))
+        loop.add_reader(fd, self._drain)
+        try:
+            self._drain()  # anything queued before the reader was in place
+            await loop.create_future()  # forever: the work happens in _drain
+        finally:
+            loop.remove_reader(fd)
+
+    def _drain_now(self) -> None:
+        """Read what is queued, at once and all of it (bounded by the socket's queue)."""
+        for _ in range(MAX_CATCH_UP // DRAIN):
+            if not int(self._sync.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                return
+            self._read_batch()
+
+    def _drain(self) -> None:
+        if self._read_batch():
+            # more queued: no new edge will come for it, so come back on the next turn
+            asyncio.get_running_loop().call_soon(self._drain)
+
+    def _read_batch(self) -> bool:
+        """Up to DRAIN messages; True when more may be queued."""
+        sock = self._sync
+        for _ in range(DRAIN):
+            if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                return False
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return False
+            self._receive(frames)
+        return True
+
+    def _receive(self, frames: list[bytes]) -> None:
+        self.received += 1
+        try:
+            message = self._admit(frames)
+        except Dropped as dropped:
+            self._drop(dropped)
+            return
+        self._identity = frames[0]
+        try:
+            self.handle(message, self._clock.monotonic())
+        except Exception as exc:  # a bug here must not deafen the daemon
+            # raised out of the reader callback, it would leave the edge-triggered socket
+            # undrained: no message would ever be read again, no hang ever noticed
+            self._failed(message, exc)
+
+    def _failed(self, message: schema.RankMessage, exc: Exception) -> None:
+        kind = type(message).__name__
+        if kind not in self._handler_errors:
+            self._handler_errors.add(kind)
+            self._events.emit("message_failed", logging.ERROR, message=kind, rank=message.rank,
+                              error=f"{type(exc).__name__}: {exc}",
+                              traceback="".join(traceback.format_exception(exc))[-4000:])  # fmt: skip
+
+    def _admit(self, frames: list[bytes]) -> schema.RankMessage:
+        if len(frames) != 2:
+            raise Dropped(DropReason.MALFORMED, f"{len(frames)} frames")
+        m, key = schema.decode_signed(frames[1])
+        if m.rank not in self._ranks:
+            raise Dropped(DropReason.UNKNOWN_RANK, f"rank {m.rank}")
+        if m.gen != self.generation:
+            raise Dropped(DropReason.STALE_GENERATION, f"generation {m.gen}, now {self.generation}")
+        # anything of the same user can reach the socket: only the rank's own key counts
+        if key is None or not hmac.compare_digest(key, self._key(m.gen, m.rank)):
+            raise Dropped(DropReason.UNAUTHENTICATED, f"rank {m.rank}: {'a wrong' if key else 'no'} key")
+        return m
+
+    def _key(self, generation: int, rank: int) -> str:
+        found = self._keys.get(rank)
+        if found is None:
+            found = self._keys[rank] = rank_key(self._secret, generation, rank)
+        return found
+
+    def _drop(self, dropped: Dropped) -> None:
+        self.drops[dropped.reason] += 1
+        if self.drops[dropped.reason] == 1:  # once per reason; the rest are counted
+            self._events.emit(
+                "message_dropped", logging.WARNING, reason=str(dropped.reason), detail=dropped.detail
+            )
+
+    # -- what the ranks say -------------------------------------------------------------
+
+    def handle(self, m: schema.RankMessage, now: float) -> None:
+        watch = self.watches.get(m.rank)
+        if watch is None:
+            watch = self.watches[m.rank] = RankWatch(m.rank, started=now)
+        watch.last_seen = now
+        match m:
+            case schema.Heartbeat():
+                watch.heartbeat(now)
+                self._unmonitored(m.rank)
+            case schema.Section():
+                self._section(watch, m, now)
+                self._stepping(watch)
+            case schema.Iteration(iteration=n):
+                watch.report_iteration(n, now)
+                self._stepping(watch)
+            case schema.Checkpoint(event=event):
+                self._checkpoint(watch, event)
+            case schema.Hello():
+                self._hello(m, watch)
+            case schema.LoadTimeouts(timeouts=raw):
+                self._load_timeouts(m.rank, raw)
+            case schema.Calculate():
+                self._calculate(m)
+            case schema.WorkloadRequest():
+                self.requests.append(m)
+                self._ack(m.id)
+                self._events.emit(
+                    "workload_request",
+                    logging.WARNING,
+                    generation=self.generation,
+                    rank=m.rank,
+                    action=str(m.action),
+                    reason=m.reason,
+                )
+            case schema.ExceptionReport():
+                self._exception(m, now)
+            case schema.Bye():
+                watch.closed = True  # what it showed still counts for learning
+            case schema.SaverReady() | schema.Saved():
+                self._saving(m)
+        self._arm(m.rank, now)
+
+    def _section(self, watch: RankWatch, m: schema.Section, now: float) -> None:
+        if m.op is schema.SectionOp.CLOSE_ALL:
+            watch.close_all(now, self.timeouts, failed=m.failed)
+        elif m.name is not None and m.op is schema.SectionOp.OPEN:
+            # only what is monitored is kept: a client opens no other name, and a forged or
+            # runaway stream of names must not grow a rank's table (or status with it)
+            if self.timeouts.monitors(m.name):
+                watch.open_section(m.name, now)
+            else:
+                self._drop(Dropped(DropReason.UNMONITORED_SECTION, m.name[:64]))
+        elif m.name is not None:
+            watch.close_section(m.name, now, self.timeouts, failed=m.failed)
+        if m.iteration is not None:
+            watch.iteration = m.iteration
+
+    def _exception(self, m: schema.ExceptionReport, now: float) -> None:
+        if m.pid is not None and m.pid != self.pids.get(m.rank, m.pid):
+            # a process the rank forked (a data-loader worker inherits the client) died of
+            # its own exception: often of the rank's death, never the cause of it
+            self._events.emit("child_exception", logging.DEBUG, generation=self.generation, rank=m.rank,
+                              pid=m.pid, exc_type=m.exc_type, message=m.message[:300])  # fmt: skip
+            return
+        self.exceptions[m.rank] = ReportedException(m.exc_type, m.message, m.traceback, m.causes)
+        self.exception_at.setdefault(m.rank, now)
+
+    def _checkpoint(self, watch: RankWatch, event: str) -> None:
+        if event == "loaded":
+            watch.checkpoint_loaded = True
+        else:
+            watch.checkpoint_saved = True
+        # what the run report measures recomputation from
+        self._events.emit("checkpoint_reported", logging.DEBUG, generation=self.generation, rank=watch.rank,
+                          checkpoint=event, iteration=watch.iteration)  # fmt: skip
+
+    def _stepping(self, watch: RankWatch) -> None:
+        """Once per rank and generation: its first step, the end of a restart's downtime."""
+        if watch.rank in self._stepping_ranks or not self.progressed(watch.rank):
+            return
+        self._stepping_ranks.add(watch.rank)
+        if self._stepping_ranks >= self._ranks:
+            self.stepping.set()
+        self._events.emit("rank_stepping", logging.DEBUG, generation=self.generation, rank=watch.rank,
+                          iteration=watch.iteration)  # fmt: skip
+
+    def _saving(self, m: schema.SaverReady | schema.Saved) -> None:
+        if isinstance(m, schema.Saved):
+            self.saves[m.id] = m
+            self.save_news.set()
+        # only the rank's own process: a forked child's callback does not hold the rank's state
+        elif m.pid == self.pids.get(m.rank) and self._identity is not None:
+            self.savers[m.rank] = self._identity
+            self._ack(m.id)
+
+    def ask_to_save(self, rank: int, request_id: str, reason: str, deadline: float) -> bool:
+        """Send "save now" to the rank's saver; False when it has none or the send failed."""
+        identity = self.savers.get(rank)
+        if identity is None:
+            return False
+        request = schema.encode("save", id=request_id, reason=reason, deadline=deadline)
+        try:
+            self._sync.send_multipart([identity, request], zmq.NOBLOCK)
+            # the send may have taken the edge meant for a message that just came in
+            if int(self._sync.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                asyncio.get_running_loop().call_soon(self._drain)
+        except zmq.ZMQError:
+            return False
+        return True
+
+    def _ack(self, request_id: str | None, **data: object) -> None:
+        """A request is worth a reply: the rank may be about to exit and wants it delivered."""
+        if self._identity is not None and request_id is not None:
+            reply = schema.encode("ack", id=request_id, **data)
+            with contextlib.suppress(zmq.ZMQError):
+                self._sync.send_multipart([self._identity, reply], zmq.NOBLOCK)
+
+    def _unmonitored(self, rank: int) -> None:
+        """Heartbeats nobody holds the rank to: say so once, a hang would go unnoticed."""
+        if self.timeouts.heartbeat is not None or self._told_unmonitored:
+            return
+        self._told_unmonitored = True
+        self._events.emit(
+            "heartbeats_unmonitored", logging.WARNING, generation=self.generation, rank=rank,
+            detail="heartbeats arrive but no heartbeat timeout is in force: set --ft-rank-heartbeat-timeout, "
+            "or have the workload calculate it (calculate_and_set_hb_timeouts)",
+        )  # fmt: skip
+
+    def _calculate(self, m: schema.Calculate) -> None:
+        """The workload's own calculation (nvidia-resiliency-ext's calculate_and_set_*):
+        from what every rank of the node showed so far, in force at once."""
+        ask = Calculation(m.heartbeat, m.sections, m.sections_too, m.out_of_section)
+        obs = observe(self.watches.values())
+        factor = self._safety_factor
+        new = calculate(self._base, self.learned, obs, self.configured, ask, safety_factor=factor)
+        if new is not None and new != self.learned:
+            self.set_learned(new)
+            self._persist(new)
+            self._events.emit("timeouts_calculated", generation=self.generation, rank=m.rank,
+                              learned=new.to_json(), in_force=self.in_force())  # fmt: skip
+        self._ack(m.id, ready=new is not None, timeouts=self.learned.describe(self.configured))
+
+    def in_force(self) -> dict[str, object]:
+        t = self.timeouts
+        return {"initial_heartbeat": t.initial_heartbeat, "heartbeat": t.heartbeat,
+                "sections": dict(t.sections), "out_of_section": t.out_of_section}  # fmt: skip
+
+    def _hello(self, m: schema.Hello, watch: RankWatch) -> None:
+        # a rank's forked children may init the client too: only the rank's
+        # own process may be signalled for its stacks
+        if m.pid == self.pids.get(m.rank) and m.stack_signal is not None:
+            self.stack_signals[m.rank] = m.stack_signal
+        self._events.emit(
+            "rank_connected",
+            logging.DEBUG,
+            generation=self.generation,
+            rank=m.rank,
+            pid=m.pid,
+            stack_dumps=m.stack_signal is not None,
+        )
+
+    def _load_timeouts(self, rank: int, raw: dict[str, object]) -> None:
+        # what the daemon learned itself is fresher; the loaded state fills the gaps
+        loaded = Learned.from_json(raw)
+        merged = self.learned.filled_from(loaded)
+        # what a calculation later in this generation merges with, as NVRx's EMA does
+        self._base = self._base.filled_from(loaded)
+        if merged == self.learned:
+            return
+        self._events.emit("timeouts_restored", rank=rank, timeouts=merged.to_json())
+        self.set_learned(merged)
+
+    # -- deadlines ------------------------------------------------------------------
+
+    def _arm(self, rank: int, now: float) -> None:
+        if rank in self._hung:
+            return
+        deadline = self.watches[rank].deadline(self.timeouts, self.stalls)
+        current = self._timers.get(rank)
+        if deadline is None:
+            self._cancel(rank)
+        elif current is None or deadline.at < current.at:
+            self._cancel(rank)
+            loop = asyncio.get_running_loop()
+            handle = loop.call_later(max(0.0, deadline.at - now), self._fire, rank)
+            self._timers[rank] = _Timer(handle, deadline.at)
+
+    def _fire(self, rank: int) -> None:
+        timer = self._timers.pop(rank, None)
+        watch = self.watches.get(rank)
+        if watch is None or self.generation is None:
+            return
+        now = self._clock.monotonic()
+        if timer is not None and now - timer.at > STALLED and self._loop is not None:
+            # the timer itself came this late: the loop did not run meanwhile (a stopped
+            # or starved daemon), whether or not its own tick has said so yet
+            self._loop.stalled(timer.at, now)
+        # what the ranks sent while the loop was away is the newest news: read it first
+        self._drain_now()
+        hang = watch.expired(self.timeouts, now, self.stalls)
+        if hang is None:
+            self._arm(rank, now)  # early (a heartbeat moved it): wait for the new deadline
+            return
+        self._hung.add(rank)
+        self._on_hang(hang)
+
+    def _cancel(self, rank: int) -> None:
+        timer = self._timers.pop(rank, None)
+        if timer is not None:
+            timer.handle.cancel()
+
+    def _cancel_timers(self) -> None:
+        for rank in list(self._timers):
+            self._cancel(rank)

@@ -1,0 +1,96 @@
+"""SIGHUP: re-read the config file and apply what can change under running ranks.
+
+The hang-detection timeouts go to the monitor at once (the running generation's
+deadlines are re-armed; learned timeouts still take precedence, as at start) and
+the log level to the daemon's logger. Other settings that changed are reported
+as ``not_applied``: they take effect when the daemon starts again. The ranks are
+never touched. A file that does not load changes nothing: ``reload_failed``
+says why, and the settings in force stay as they were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import fields, replace
+from typing import Any
+
+from supervisor.config.run import ft as ftconfig
+from supervisor.config.run import RunConfig
+from supervisor.config.ft import FtConfig
+from supervisor.runtime.services import status
+from supervisor.runtime.records.events import EventLog
+from supervisor.runtime.lifecycle.monitor import Monitor
+
+TIMEOUTS = frozenset(
+    {
+        "initial_rank_heartbeat_timeout",
+        "rank_heartbeat_timeout",
+        "rank_section_timeouts",
+        "rank_out_of_section_timeout",
+        "num_warmup_iterations",
+    }
+)
+APPLIED = TIMEOUTS | {"log_level"}
+
+
+def _plain(value: object) -> object:
+    return dict(value) if isinstance(value, Mapping) else value  # a section map, as JSON
+
+
+def changes(old: FtConfig, new: FtConfig) -> dict[str, dict[str, Any]]:
+    """Settings whose value differs: {name: {"from": old, "to": new}}."""
+    out = {}
+    for f in fields(FtConfig):
+        before, after = _plain(getattr(old, f.name)), _plain(getattr(new, f.name))
+        if f.name != "ignored" and before != after:
+            out[f.name] = {"from": before, "to": after}
+    return out
+
+
+class Reloader:
+    def __init__(self, cfg: RunConfig, monitor: Monitor, logger: logging.Logger, events: EventLog) -> None:
+        self._hosting = cfg.hosting
+        self._given_level = cfg.log_level
+        self._ft = cfg.ft  # the settings in force
+        self._level = cfg.log_level
+        self._monitor = monitor
+        self._logger = logger
+        self._events = events
+
+    async def reload(self) -> None:
+        path = self._hosting.config_file
+        if path is None:
+            return  # without a file SIGHUP is a stop signal and never comes here
+        self._events.emit("reload_requested", path=str(path))
+        h = self._hosting
+        try:
+            # off the loop: the worst file the reader accepts takes seconds to parse
+            new = await asyncio.to_thread(ftconfig.load, h.ft_overrides, h.ft_environ, path)
+        except ftconfig.ConfigError as exc:
+            self._events.emit("reload_failed", logging.WARNING, path=str(path), error=str(exc))
+            return
+        except Exception as exc:  # a file is input: whatever it does, the run goes on
+            error = f"{type(exc).__name__}: {exc}"
+            self._events.emit("reload_failed", logging.ERROR, path=str(path), error=error)
+            return
+        changed = changes(self._ft, new)
+        if TIMEOUTS & changed.keys():
+            self._monitor.configured = new.timeouts()
+            self._monitor.set_learned(self._monitor.learned)  # recomputes and re-arms the deadlines
+        level = h.log_level(self._given_level, new)
+        if level != self._level:
+            self._logger.setLevel(level.upper())
+            self._level = level
+        not_applied = sorted(changed.keys() - APPLIED)
+        # what was not applied stays as it was, and is reported again by the next reload
+        self._ft = replace(new, **{k: getattr(self._ft, k) for k in not_applied})
+        self._events.emit(
+            "config_reloaded",
+            path=str(path),
+            changed={k: v for k, v in changed.items() if k in APPLIED} or None,
+            not_applied=not_applied or None,
+            log_level=level,
+            timeouts=status.timeouts(self._monitor),
+        )

@@ -1,0 +1,98 @@
+"""The daemon's status, as data: what ``ft-supervisor status`` and SIGUSR1 show."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from supervisor.coord.job import Round
+from supervisor.runtime.lifecycle.generation import Generation
+from supervisor.runtime.lifecycle.monitor import Monitor
+
+
+def _age(now: float, then: float | None) -> float | None:
+    return None if then is None else round(now - then, 3)
+
+
+def ranks(gen: Generation | None, monitor: Monitor | None, now: float) -> list[dict[str, Any]]:
+    if gen is None:
+        return []
+    out = []
+    for local_rank, r in sorted(gen.ranks.items()):
+        row: dict[str, Any] = {
+            "rank": r.slot.rank,
+            "local_rank": local_rank,
+            "pid": r.pid,
+            "state": str(r.state),
+        }
+        watch = monitor.watches.get(r.slot.rank) if monitor is not None else None
+        if watch is not None:
+            row.update(
+                iteration=watch.iteration,
+                sections={name: _age(now, opened) for name, opened in watch.open_sections.items()},
+                heartbeat_age=_age(now, watch.last_heartbeat),
+                connected=True,
+            )
+        out.append(row)
+    return out
+
+
+def containment(gen: Generation | None) -> dict[str, Any] | None:
+    """What holds the generation's processes: its cgroup, or the fallback and why."""
+    if gen is None or not gen.ranks:
+        return None
+    return next(iter(gen.ranks.values())).containment.describe()
+
+
+def timeouts(monitor: Monitor | None) -> dict[str, Any]:
+    if monitor is None:
+        return {}
+    return monitor.learned.describe(monitor.configured)
+
+
+def dropped(monitor: Monitor | None, control_drops: dict[str, int]) -> dict[str, int]:
+    counts = {str(k): v for k, v in (monitor.drops.items() if monitor is not None else ())}
+    for reason, n in control_drops.items():
+        counts[f"control_{reason}"] = n
+    return counts
+
+
+def job(rnd: Round | None, nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """This node's place in a multi-node job, and every node's last published state."""
+    return {
+        "node_rank": None if rnd is None else rnd.node_rank,
+        "nnodes": None if rnd is None else rnd.nnodes,
+        "round": None if rnd is None else rnd.rdzv_round,
+        "nodes": nodes,
+    }
+
+
+def build(
+    *,
+    run_id: str,
+    run_dir: str,
+    gen: Generation | None,
+    monitor: Monitor,
+    uptime: float,
+    now: float,
+    restarts_used: int,
+    max_restarts: int,
+    control_drops: dict[str, int],
+    job: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """What ``ft-supervisor status`` shows, and SIGUSR1 logs."""
+    return {
+        "run_id": run_id,
+        "run_dir": run_dir,
+        "pid": os.getpid(),
+        "generation": None if gen is None else gen.number,
+        "uptime_s": round(uptime, 3),
+        "restarts_used": restarts_used,
+        "max_restarts": max_restarts,
+        "ranks": ranks(gen, monitor, now),
+        "containment": containment(gen),
+        "timeouts": timeouts(monitor),
+        "received": monitor.received,
+        "dropped": dropped(monitor, control_drops),
+        "job": job,
+    }
