@@ -46,6 +46,10 @@ class RulesPlugin:
     def __init__(self) -> None:
         self.rules = rule_set()
 
+    def builtin_rules(self) -> tuple[Mapping[str, Any], ...]:
+        """The built-in layer, for the options' check of user overrides."""
+        return builtin_layer()
+
     @hookimpl
     def configure(self, settings: PluginSettings) -> None:
         self.rules = rule_set(settings.rules)

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import functools
 import os
-import re
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
@@ -30,7 +29,6 @@ from typing import Protocol, TypeVar
 from supervisor.core.snapshots import Entry, temp_name
 
 T = TypeVar("T")
-FSSPEC_HINT = "pip install 'ft-supervisor[fsspec]'"
 CHUNK = 16 << 20  # one thread hop per chunk; bounds how late a cancellation lands
 # how a sync reads an entry's signature again, after copying it
 Check = Callable[[], Awaitable[Entry | None]]
@@ -106,45 +104,3 @@ def later(executor: Executor, fn: Callable[..., object], *args: object) -> None:
     not block: a cancelled copy, a missed deadline)."""
     with contextlib.suppress(RuntimeError):  # shut down: the process is ending anyway
         executor.submit(fn, *args)
-
-
-def split_url(url: str) -> tuple[str | None, str]:
-    """(scheme, location): no scheme for a local path (a ``file://`` URL included)."""
-    m = re.fullmatch(r"([A-Za-z][A-Za-z0-9+.-]*)://(.*)", url.strip(), flags=re.DOTALL)
-    if m is None:
-        return None, url
-    scheme = m.group(1).lower()
-    if scheme == "file":
-        return None, m.group(2)
-    return scheme, url
-
-
-def check_url(url: str) -> str | None:
-    """What is wrong with a destination, or None; imports fsspec only for a scheme."""
-    scheme, location = split_url(url)
-    if scheme is None:
-        return None if location.strip() else "is empty"
-    try:
-        import fsspec  # noqa: PLC0415 - the optional extra
-    except ImportError:
-        return f"the {scheme}:// scheme needs fsspec: {FSSPEC_HINT}"
-    try:
-        fsspec.get_filesystem_class(scheme)
-    except (ValueError, ImportError) as exc:
-        return f"scheme {scheme}://: {exc}"
-    return None
-
-
-def open_store(url: str, executor: Executor, *, chunk: int = CHUNK, maker: Maker | None = None) -> Store:
-    scheme, location = split_url(url)
-    maker = maker or Maker.here()
-    if scheme is None:
-        from supervisor.checkpoints.local import LocalStore  # noqa: PLC0415
-
-        return LocalStore(Path(location).absolute(), executor=executor, chunk=chunk, maker=maker)
-    import fsspec  # noqa: PLC0415 - the optional extra; checked with the options
-
-    from supervisor.checkpoints.remote import FsspecStore  # noqa: PLC0415
-
-    fs, root = fsspec.core.url_to_fs(url)
-    return FsspecStore(fs, root, url=url, executor=executor, chunk=chunk, maker=maker)

@@ -33,7 +33,6 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 
-from supervisor.config.checkpoints import CheckpointConfig
 from supervisor.checkpoints.local import (
     Pinned,
     place_new,
@@ -42,10 +41,12 @@ from supervisor.checkpoints.local import (
     scan_entry,
     scan_tree,
 )
-from supervisor.checkpoints.store import EntryChanged, Maker, Store, later, off, open_store
+from supervisor.checkpoints.store import EntryChanged, Maker, Store, later, off
+from supervisor.checkpoints.stores import open_store
 from supervisor.checkpoints.threads import DaemonThreads
+from supervisor.config.checkpoints import CheckpointConfig
 from supervisor.core.snapshots import Entry, hold, plan, restore_choice, to_prune
-from supervisor.runtime.records.events import EventLog
+from supervisor.core.types import EventSink
 
 MAX_HELD = 64  # busy file entries held open at once (a file descriptor each)
 
@@ -56,7 +57,7 @@ class CheckpointSync:
     def __init__(
         self,
         cfg: CheckpointConfig | None,
-        events: EventLog,
+        events: EventSink,
         *,
         chunk: int | None = None,
         store: Store | None = None,  # DEST, when not the one ``cfg.url`` names

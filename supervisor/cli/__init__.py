@@ -8,10 +8,40 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
+import signal
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 EXIT_USAGE = 2
+EXIT_SIGPIPE = 128 + signal.SIGPIPE  # what a shell reports for `... | head`
+
+
+class Formatter(argparse.HelpFormatter):
+    """Each option once, in its first spelling: the aliases (``--nproc_per_node``,
+    ``--ft-param-...``) are accepted but need not fill the help."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if not action.option_strings:
+            return super()._format_action_invocation(action)
+        short = [s for s in action.option_strings if not s.startswith("--")][:1]
+        long = [s for s in action.option_strings if s.startswith("--")][:1]
+        shown = ", ".join(short + long)
+        if action.nargs == 0:
+            return shown
+        return f"{shown} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
+
+
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line naming the problem, not the usage block before it."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        kw.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kw)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _conflicting_supervisord() -> str | None:
@@ -24,7 +54,7 @@ def _conflicting_supervisord() -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="ft-supervisor",
         description="Keep distributed PyTorch training alive: launch, watch, restart.",
     )
@@ -57,6 +87,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    ns = build_parser().parse_args(argv)
-    code: int = ns.handler(ns)
+    try:
+        ns = build_parser().parse_args(argv)
+        code: int = ns.handler(ns)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (`report --json | head`): what it wanted it had
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_SIGPIPE
     return code

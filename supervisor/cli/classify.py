@@ -40,7 +40,7 @@ from supervisor.hooks.registry import Registry
 from supervisor.postmortem import logs
 from supervisor.postmortem.agree import disagreements
 from supervisor.postmortem.render import render_files, render_run, run_json
-from supervisor.postmortem.replay import Settings, Verdict, judge_run
+from supervisor.postmortem.replay import ReplayedRun, Settings, judge_run
 from supervisor.postmortem.runlog import run_dirs
 from supervisor.process.evidence import read_error_file_now
 
@@ -137,8 +137,8 @@ def add_commands(sub: Any) -> None:
 
 
 def _user_rules(ns: argparse.Namespace) -> tuple[Any, ...]:
+    from supervisor.config.errors import ConfigError  # noqa: PLC0415
     from supervisor.config.policy import user_rules  # noqa: PLC0415
-    from supervisor.config.errors import ConfigError
 
     try:
         return user_rules(ns.rules)
@@ -202,11 +202,11 @@ def _classify(ns: argparse.Namespace) -> int:
     text: list[str] = []
     agree = True
     for run_dir in runs:
-        verdict = judge_run(run_dir, settings)
-        differ = _check(verdict, run_dir) if ns.check else None
+        replayed = judge_run(run_dir, settings)
+        differ = _check(replayed, run_dir) if ns.check else None
         agree = agree and not differ
-        out.append(run_json(verdict, differ))
-        text.append(render_run(verdict, differ))
+        out.append(run_json(replayed, differ))
+        text.append(render_run(replayed, differ))
     found = _classify_files(ns, settings, files) if files or ns.dmesg or ns.agent_log else None
     if found is not None:
         text.append(found[1])
@@ -222,26 +222,26 @@ def _classify(ns: argparse.Namespace) -> int:
     return 0 if agree else 1
 
 
-def _check(verdict: Verdict, run_dir: Path) -> list[str]:
-    """Where the verdict and the run's reason.json disagree, or why they cannot be compared."""
+def _check(replayed: ReplayedRun, run_dir: Path) -> list[str]:
+    """Where the replayed and the run's reason.json disagree, or why they cannot be compared."""
     reason = run_dir / "reason.json"
     if not reason.is_file():
         return ["no reason.json to compare with"]
     try:
-        differ = disagreements(verdict, orjson.loads(reason.read_bytes()))
+        differ = disagreements(replayed, orjson.loads(reason.read_bytes()))
     except orjson.JSONDecodeError as exc:
         return [f"reason.json is not JSON: {exc}"]
     if differ is None:
-        return ["cannot be compared with reason.json: " + ("; ".join(verdict.problems) or "unfinished run")]
+        return ["cannot be compared with reason.json: " + ("; ".join(replayed.problems) or "unfinished run")]
     return differ
 
 
 def classify_run(run_dir: Path, settings: Settings | None = None) -> tuple[dict[str, Any], list[str]]:
     """``classify --json --check RUN_DIR``, in this process: the run judged again (as
     JSON), and where that disagrees with its reason.json (empty: they agree)."""
-    verdict = judge_run(run_dir, settings)
-    differ = _check(verdict, run_dir)
-    return run_json(verdict, differ), differ
+    replayed = judge_run(run_dir, settings)
+    differ = _check(replayed, run_dir)
+    return run_json(replayed, differ), differ
 
 
 def _classify_files(

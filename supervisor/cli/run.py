@@ -9,7 +9,7 @@ from typing import Any
 
 from supervisor.config.build import build_run_config
 from supervisor.config.errors import ConfigError
-from supervisor.config.options import add_run_options
+from supervisor.config.options import add_run_options, hide_the_rest
 
 
 def add_command(sub: Any) -> argparse.ArgumentParser:
@@ -20,21 +20,22 @@ def add_command(sub: Any) -> argparse.ArgumentParser:
         # a prefix of one of our options after the script (train.py --kill 3) belongs to the
         # script: argparse would take it as ours, or fail as ambiguous
         allow_abbrev=False,
+        usage="%(prog)s [options] SCRIPT [ARGS...]",
     )
     add_run_options(p)
-    p.add_argument("training_script", help="the training program (or module with -m)")
-    p.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    p.add_argument("training_script", metavar="SCRIPT", help="the training program (or module with -m)")
+    p.add_argument("training_script_args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments")
+    hidden = hide_the_rest(p)
+    p.epilog = f"{hidden} more options (hang detection, policy, service, checkpoint sync): --help-all"
     p.set_defaults(handler=_run, command_parser=p)
     return p
-
-
 
 
 def _run(ns: argparse.Namespace) -> int:
     try:
         config = build_run_config(ns, os.environ)
     except ConfigError as exc:
-        ns.command_parser.error(str(exc))  # prints usage and the message; exits 2
+        ns.command_parser.error(str(exc))  # one line naming the option; exits 2
     from supervisor.runtime.lifecycle.daemon import run_daemon  # noqa: PLC0415 - keeps --help fast
 
     return run_daemon(config)

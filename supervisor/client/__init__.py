@@ -39,10 +39,10 @@ from supervisor.client.saver import SaveCallback, Saver, SaveRequest
 from supervisor.core.learning import Learned
 from supervisor.core.topology import ENV_KEY, ENV_TIMEOUTS
 from supervisor.core.topology import ENV_RANKS_ENDPOINT as ENV_ENDPOINT
-from supervisor.transport.schema import MAX_CAUSES, MAX_TRACEBACK, Request, encode
+from supervisor.transport.schema import MAX_CAUSES, MAX_TRACEBACK, RequestAction, encode
 
 __all__ = [
-    "Request",
+    "RequestAction",
     "SaveRequest",
     "calculate_timeouts",
     "end_all_sections",
@@ -268,14 +268,14 @@ def report_checkpoint(event: str) -> None:
         c.send("checkpoint", event=event)
 
 
-def request(action: Request | str, reason: str = "", *, timeout: float = REQUEST_ACK_TIMEOUT) -> bool:
+def request(action: RequestAction | str, reason: str = "", *, timeout: float = REQUEST_ACK_TIMEOUT) -> bool:
     """Ask the daemon for an outcome: continue, exclude_node, shutdown, reschedule, abort.
 
     Unlike the other calls this one waits (``timeout`` s at most) for the daemon to
     acknowledge it, since a rank usually asks right before it exits. True once
     acknowledged.
     """
-    action = Request(action)
+    action = RequestAction(action)
     c = _held.client or _get()
     if c is None:
         return False

@@ -59,7 +59,7 @@ from typing import Any
 
 from supervisor import client
 from supervisor.core.learning import Learned
-from supervisor.transport.schema import Request
+from supervisor.transport.schema import RequestAction
 
 __all__ = [
     "HeartbeatTimeouts",
@@ -125,9 +125,9 @@ class WorkloadAction(Enum):
 
 # by name, so that NVRx's own WorkloadAction members map too
 _ACTIONS = {
-    WorkloadAction.Continue.name: Request.CONTINUE,
-    WorkloadAction.ExcludeThisNode.name: Request.EXCLUDE_NODE,
-    WorkloadAction.ShutdownWorkload.name: Request.SHUTDOWN,
+    WorkloadAction.Continue.name: RequestAction.CONTINUE,
+    WorkloadAction.ExcludeThisNode.name: RequestAction.EXCLUDE_NODE,
+    WorkloadAction.ShutdownWorkload.name: RequestAction.SHUTDOWN,
 }
 
 

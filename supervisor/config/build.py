@@ -27,9 +27,8 @@ from supervisor.config.run import (
     parse_std,
     safe_name,
 )
-from supervisor.core.topology import Topology
 from supervisor.core.program import Program
-
+from supervisor.core.topology import Topology
 
 _UNSUPPORTED = {
     "event_log_handler": ("--event-log-handler", "null"),
@@ -43,6 +42,7 @@ _UNSUPPORTED = {
 def _rendezvous(ns: argparse.Namespace) -> RdzvConfig | None:
     """The rendezvous of a multi-node run; None for a single node (no rendezvous needed)."""
     lo, hi = parse_nnodes(ns.nnodes)
+    conf = parse_conf(ns.rdzv_conf)  # checked on a single node too: a typo is a typo
     if ns.standalone and ns.rdzv_endpoint:
         raise ConfigError(
             f"--standalone starts its own local store; it contradicts --rdzv-endpoint {ns.rdzv_endpoint}"
@@ -64,7 +64,7 @@ def _rendezvous(ns: argparse.Namespace) -> RdzvConfig | None:
         max_nodes=hi,
         node_rank=ns.node_rank,
         local_addr=ns.local_addr,
-        conf=parse_conf(ns.rdzv_conf),
+        conf=conf,
     )
 
 

@@ -12,15 +12,45 @@ naming the option.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor.checkpoints.store import check_url, split_url
-from supervisor.core.snapshots import SETTLE_S, parse_duration
 from supervisor.config.environment import pick
 from supervisor.config.errors import ConfigError
+from supervisor.core.snapshots import SETTLE_S, parse_duration
+
+FSSPEC_HINT = "pip install 'ft-supervisor[fsspec]'"
+
+
+def split_url(url: str) -> tuple[str | None, str]:
+    """(scheme, location): no scheme for a local path (a ``file://`` URL included)."""
+    m = re.fullmatch(r"([A-Za-z][A-Za-z0-9+.-]*)://(.*)", url.strip(), flags=re.DOTALL)
+    if m is None:
+        return None, url
+    scheme = m.group(1).lower()
+    if scheme == "file":
+        return None, m.group(2)
+    return scheme, url
+
+
+def check_url(url: str) -> str | None:
+    """What is wrong with a destination, or None; imports fsspec only for a scheme."""
+    scheme, location = split_url(url)
+    if scheme is None:
+        return None if location.strip() else "is empty"
+    try:
+        import fsspec  # noqa: PLC0415 - the optional extra
+    except ImportError:
+        return f"the {scheme}:// scheme needs fsspec: {FSSPEC_HINT}"
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except (ValueError, ImportError) as exc:
+        return f"scheme {scheme}://: {exc}"
+    return None
+
 
 DEFAULT_FREQUENCY = 300.0
 DEFAULT_FINAL_TIMEOUT = 300.0

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import re2
+
 from supervisor.config.errors import ConfigError
 
 MAX_BYTES = 1 << 20  # 1 MiB

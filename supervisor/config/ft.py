@@ -24,11 +24,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from supervisor.config.run import files as configfile
-from supervisor.core.watch import Timeouts
+from supervisor.config import files as configfile
 from supervisor.config.errors import ConfigError
-
-
+from supervisor.core.watch import Timeouts
 
 
 def _timeout(value: object) -> float | None:
@@ -271,7 +269,7 @@ def read_file(path: Path) -> Mapping[str, Any]:
         doc = configfile.read(path, "toml" if path.suffix == ".toml" else "yaml")
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
-    except configfile.ConfigError as exc:
+    except ConfigError as exc:
         raise ConfigError(f"config file {path}: {exc}") from None
     section = _find_section(doc)
     if section is None:
@@ -343,6 +341,9 @@ def add_options(group: Any) -> None:
         "learn_timeouts": "learn timeouts from what the ranks do (default true)",
         "learned_timeout_floor": "a learned timeout in force is never shorter than this (default 10 s)",
         "stack_dump_timeout": "seconds to wait for a hung rank's stack dump (default 2)",
+        "max_no_progress_cycles": "abort after this many restarts in a row without progress (default 3; "
+        "0: never)",
+        "min_progress_iterations": "iterations a generation must advance to count as progress (default 1)",
         "log_level": "the daemon's log level when --log-level is not given (a SIGHUP re-reads the file's)",
     }
     for key in (*KEYS, *sorted(IGNORED)):

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.config.run import ft as ftconfig
-from supervisor.config.ft import FtConfig
+from supervisor.config import ft as ftconfig
 from supervisor.config.errors import ConfigError
+from supervisor.config.ft import FtConfig
 
 DEFAULT_FORWARD = "SIGUSR2,SIGWINCH"
 FORWARD_ENV = "FT_SUPERVISOR_FORWARD_SIGNALS"

@@ -15,6 +15,19 @@ from supervisor.config.run import DEFAULT_SIGNALS
 
 FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"  # nvidia-resiliency-ext's auto-resume contract
 
+# What `run --help` shows: what a torchrun user sets, and the handful of ours
+# that change what the daemon decides. `--help-all` shows every option.
+ESSENTIAL = frozenset(
+    {
+        "nnodes", "nproc_per_node", "node_rank", "standalone", "rdzv_backend", "rdzv_endpoint", "rdzv_id",
+        "max_restarts", "module", "log_dir", "master_addr", "master_port",
+        "ft_cfg_path", "ft_rank_heartbeat_timeout", "ft_rank_section_timeouts",
+        "policy_preset", "rules", "reschedule_exit_code", "abort_exit_code",
+        "checkpoint_path", "checkpoint_url", "metrics_port", "no_standby", "log_level",
+        "training_script", "training_script_args", "help", "help_all",
+    }
+)  # fmt: skip
+
 
 def _opt(group: Any, *names: str, **kw: Any) -> None:
     """Add an option the torchrun way: underscore aliases and PET_* defaults."""
@@ -28,7 +41,34 @@ def _opt(group: Any, *names: str, **kw: Any) -> None:
             action.default = pet
 
 
+class _HelpAll(argparse.Action):
+    """``--help-all``: the help with every option, the ones `--help` leaves out included."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kw: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any, **__: Any) -> None:
+        for action in parser._actions:
+            action.help = getattr(action, "full_help", action.help)
+        parser.epilog = None
+        parser.print_help()
+        parser.exit()
+
+
+def hide_the_rest(p: argparse.ArgumentParser) -> int:
+    """Leave all but the essential options out of ``--help``; how many were left out."""
+    hidden = 0
+    for action in p._actions:
+        if action.dest in ESSENTIAL or action.help == argparse.SUPPRESS:
+            continue
+        action.full_help = action.help  # type: ignore[attr-defined]
+        action.help = argparse.SUPPRESS
+        hidden += 1
+    return hidden
+
+
 def add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--help-all", action=_HelpAll, help="show every option, not only the essential ones")
     g = p.add_argument_group("torchrun options")
     _opt(
         g,
@@ -177,7 +217,7 @@ def add_supervisor_options(f: Any) -> None:
         help="let ranks run CPython's full garbage collection at exit (0.4-0.7 s with torch)",
     )
     _opt(f, "--log-level", default="info", choices=["debug", "info", "warning", "error"],
-         action=hosting.StoreGiven)  # fmt: skip
+         action=hosting.StoreGiven, help="the daemon's log level (default info)")  # fmt: skip
     _opt(
         f,
         "--state-dir",

@@ -9,20 +9,19 @@ command line wins. Every problem raises ``ConfigError`` naming the option.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from supervisor.config.run import files as configfile
-from supervisor.core.exitcodes import PRESETS, ExitCodes, OutcomeError, apply_presets
-from supervisor.core.policy import Policy
-from supervisor.core.rules import RuleError, compile_rules
-from supervisor.config.ft import FtConfig
+from supervisor.config import files as configfile
 from supervisor.config.environment import env_name, pick
 from supervisor.config.errors import ConfigError
-
-
+from supervisor.config.ft import FtConfig
+from supervisor.core.exitcodes import PRESETS, ExitCodes, OutcomeError, apply_presets
+from supervisor.core.policy import Policy
+from supervisor.core.rules import PLUGIN_ENTRY_POINTS, RuleError, compile_rules
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +92,7 @@ def load_rules_file(path: str) -> list[Mapping[str, Any]]:
         doc = configfile.read(p, "yaml" if p.suffix in (".yaml", ".yml") else "toml")
     except OSError as exc:
         raise ConfigError(f"--rules {path}: cannot read it: {exc.strerror or exc}") from None
-    except configfile.ConfigError as exc:
+    except ConfigError as exc:
         raise ConfigError(f"--rules {path}: {exc}") from None
     rules = doc.get("rules", doc.get("rule")) if isinstance(doc, Mapping) else doc
     if not isinstance(rules, list) or not all(isinstance(r, Mapping) for r in rules):
@@ -101,9 +100,17 @@ def load_rules_file(path: str) -> list[Mapping[str, Any]]:
     return rules
 
 
-def user_rules(files: Sequence[str]) -> tuple[Mapping[str, Any], ...]:
-    from plugins.rules import builtin_layer  # noqa: PLC0415 - the built-ins, to check overrides against
+def builtin_layer() -> tuple[Mapping[str, Any], ...]:
+    """The built-in rules, to check the user's overrides against: asked of the
+    ``rules`` plugin through its entry point, as any plugin is found."""
+    for ep in importlib.metadata.entry_points(group=PLUGIN_ENTRY_POINTS, name="rules"):
+        layer = getattr(ep.load(), "builtin_rules", None)
+        if callable(layer):
+            return tuple(layer())
+    return ()
 
+
+def user_rules(files: Sequence[str]) -> tuple[Mapping[str, Any], ...]:
     out: list[Mapping[str, Any]] = []
     for path in files:
         layer = load_rules_file(path)

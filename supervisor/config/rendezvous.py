@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
 from supervisor.config.errors import ConfigError
 
 BACKENDS = ("c10d", "static", "etcd-v2")

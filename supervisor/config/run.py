@@ -16,18 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from supervisor.config.checkpoints import CheckpointConfig
-from supervisor.config.rendezvous import RdzvConfig
-from supervisor.core.topology import Topology
+from supervisor.config.errors import ConfigError
 from supervisor.config.ft import FtConfig
 from supervisor.config.hosting import HostingConfig
-from supervisor.log import STDERR, STDOUT
 from supervisor.config.metrics import MetricsConfig
 from supervisor.config.policy import PolicyConfig
+from supervisor.config.rendezvous import RdzvConfig
 from supervisor.core.program import Program
-from supervisor.config.errors import ConfigError
-
-
-
+from supervisor.core.topology import Topology
+from supervisor.log import STDERR, STDOUT
 
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"

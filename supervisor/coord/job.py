@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
+from supervisor.aio import in_thread
 from supervisor.config.rendezvous import RdzvConfig
 from supervisor.core.jobwide import NodeOutcome, PeerNews, lost
-from supervisor.core.types import Action, Reason
+from supervisor.core.types import Action, EventSink, Reason
 from supervisor.process.ports import free_port
-from supervisor.aio import in_thread
-from supervisor.runtime.records.events import EventLog
 
 if TYPE_CHECKING:
     from supervisor.coord.torchrdzv import Joined, Snapshot, TorchRendezvous
@@ -39,7 +38,7 @@ EXIT_BARRIER = 5.0  # seconds the last nodes wait for each other before the stor
 
 
 @dataclass(frozen=True, slots=True)
-class Round:
+class JobGeneration:
     """One generation's place in the job."""
 
     generation: int
@@ -71,26 +70,28 @@ class LocalJob:
     async def start(self) -> bool:
         return True
 
-    async def join(self, generation: int) -> Round:
-        return Round(generation, 0, 1, self._addr, self._port or free_port())
+    async def join(self, generation: int) -> JobGeneration:
+        return JobGeneration(generation, 0, 1, self._addr, self._port or free_port())
 
-    async def watch(self, rnd: Round) -> tuple[PeerNews, str]:
+    async def watch(self, job_gen: JobGeneration) -> tuple[PeerNews, str]:
         await asyncio.Event().wait()  # a node alone never hears news
         raise AssertionError("unreachable")
 
-    async def announce_end(self, rnd: Round, why: str) -> None:
+    async def announce_end(self, job_gen: JobGeneration, why: str) -> None:
         return None
 
-    async def agree(self, rnd: Round, own: NodeOutcome) -> list[NodeOutcome]:
+    async def agree(self, job_gen: JobGeneration, own: NodeOutcome) -> list[NodeOutcome]:
         return [own]
 
-    async def publish(self, rnd: Round, own: NodeOutcome) -> None:
+    async def publish(self, job_gen: JobGeneration, own: NodeOutcome) -> None:
         return None
 
     async def count_restart(self) -> None:
         return None
 
-    async def finish(self, rnd: Round | None, action: Action, *, job_over: bool, live: int = 1) -> None:
+    async def finish(
+        self, job_gen: JobGeneration | None, action: Action, *, job_over: bool, live: int = 1
+    ) -> None:
         return None
 
     def note(self, state: str, **fields: Any) -> None:
@@ -105,7 +106,7 @@ class RendezvousJob:
 
     multi = True
 
-    def __init__(self, cfg: RdzvConfig, master_port: int | None, events: EventLog) -> None:
+    def __init__(self, cfg: RdzvConfig, master_port: int | None, events: EventSink) -> None:
         self.cfg = cfg
         self._master_port = master_port
         self._events = events
@@ -131,7 +132,7 @@ class RendezvousJob:
         self._rdzv = await in_thread(connect, "rdzv-connect")
         return True
 
-    async def join(self, generation: int) -> Round:
+    async def join(self, generation: int) -> JobGeneration:
         rdzv = self._rdzv
         assert rdzv is not None, "start() first"
         self.note("joining", generation=generation)
@@ -157,7 +158,7 @@ class RendezvousJob:
             master_port=joined.master_port,
             restarts_used=used,
         )
-        return Round(
+        return JobGeneration(
             generation,
             joined.node_rank,
             joined.nnodes,
@@ -213,18 +214,18 @@ class RendezvousJob:
 
     # -- while the ranks run -------------------------------------------------------------
 
-    async def watch(self, rnd: Round) -> tuple[PeerNews, str]:
+    async def watch(self, job_gen: JobGeneration) -> tuple[PeerNews, str]:
         """Return the first news that ends this node's generation."""
         stop = threading.Event()
         try:
             return await in_thread(
-                self._guard(lambda: self._watch(rnd, stop)), f"rdzv-watch-{rnd.generation}"
+                self._guard(lambda: self._watch(job_gen, stop)), f"rdzv-watch-{job_gen.generation}"
             )
         finally:
             stop.set()
 
-    def _watch(self, rnd: Round, stop: threading.Event) -> tuple[PeerNews, str]:
-        joined = _joined(rnd)
+    def _watch(self, job_gen: JobGeneration, stop: threading.Event) -> tuple[PeerNews, str]:
+        joined = _joined(job_gen)
         next_state = 0.0
         while not stop.wait(self.cfg.poll_interval):
             if joined.store.add("ended", 0) > 0:
@@ -242,61 +243,63 @@ class RendezvousJob:
                 return news
         raise _Stopped
 
-    async def announce_end(self, rnd: Round, why: str) -> None:
+    async def announce_end(self, job_gen: JobGeneration, why: str) -> None:
         """Tell the peers, first, that this node's generation is over."""
-        joined = _joined(rnd)
+        joined = _joined(job_gen)
 
         def announce() -> None:
-            joined.store.set("ended_by", f"node {rnd.node_rank} ({self._status['host']}): {why}")
+            joined.store.set("ended_by", f"node {job_gen.node_rank} ({self._status['host']}): {why}")
             joined.store.add("ended", 1)
 
         await in_thread(self._guard(announce), "rdzv-announce")
 
     # -- after the ranks ended -------------------------------------------------------------
 
-    async def agree(self, rnd: Round, own: NodeOutcome) -> list[NodeOutcome]:
+    async def agree(self, job_gen: JobGeneration, own: NodeOutcome) -> list[NodeOutcome]:
         """Publish this node's outcome; return every node's (a lost node's as a reschedule)."""
         self.note("agreeing", outcome=str(own.action))
         stop = threading.Event()
         try:
             return await in_thread(
-                self._guard(lambda: self._agree(rnd, own, stop)), f"rdzv-agree-{rnd.generation}"
+                self._guard(lambda: self._agree(job_gen, own, stop)), f"rdzv-agree-{job_gen.generation}"
             )
         finally:
             stop.set()
 
-    def _agree(self, rnd: Round, own: NodeOutcome, stop: threading.Event) -> list[NodeOutcome]:
-        joined = _joined(rnd)
+    def _agree(self, job_gen: JobGeneration, own: NodeOutcome, stop: threading.Event) -> list[NodeOutcome]:
+        joined = _joined(job_gen)
         _put_outcome(joined, own)
         got = {own.node_rank: own}
         deadline = time.monotonic() + self.cfg.seconds("join_timeout")
         next_state = 0.0
-        while len(got) < rnd.nnodes:
-            for rank in sorted(set(range(rnd.nnodes)) - set(got)):
+        while len(got) < job_gen.nnodes:
+            for rank in sorted(set(range(job_gen.nnodes)) - set(got)):
                 key = f"outcome/{rank}"
                 if joined.store.check([key]):
                     got[rank] = _outcome(rank, joined.store.get(key))
             now = time.monotonic()
-            if len(got) < rnd.nnodes and now >= next_state:
+            if len(got) < job_gen.nnodes and now >= next_state:
                 next_state = now + STATE_EVERY
                 snap = self._rdzv_or_fail().snapshot()
-                gone = set(range(rnd.nnodes)) if now > deadline else set()
+                gone = set(range(job_gen.nnodes)) if now > deadline else set()
                 if snap is not None:
                     gone |= lost(joined.members, snap.participants, snap.heartbeats, time.time(),
                                  self.cfg.keep_alive_bound)  # fmt: skip
                 for rank in gone - set(got):
                     got[rank] = NodeOutcome(rank, Action.RESCHEDULE, Reason.NODE_LOST,
                                             "its daemon stopped keeping the rendezvous alive")  # fmt: skip
-            if len(got) < rnd.nnodes and stop.wait(self.cfg.poll_interval):
+            if len(got) < job_gen.nnodes and stop.wait(self.cfg.poll_interval):
                 raise _Stopped
         return [got[r] for r in sorted(got)]
 
-    async def publish(self, rnd: Round, own: NodeOutcome) -> None:
+    async def publish(self, job_gen: JobGeneration, own: NodeOutcome) -> None:
         """Publish this node's outcome without waiting for the others' (a node that stops)."""
-        joined = _joined(rnd)
+        joined = _joined(job_gen)
         await in_thread(self._guard(lambda: _put_outcome(joined, own)), "rdzv-publish")
 
-    async def finish(self, rnd: Round | None, action: Action, *, job_over: bool, live: int = 1) -> None:
+    async def finish(
+        self, job_gen: JobGeneration | None, action: Action, *, job_over: bool, live: int = 1
+    ) -> None:
         """Leave the job: close it (``job_over``: abort or done; ``live`` nodes
         wait for each other, one of them hosts the store) or step out of the round."""
         rdzv = self._rdzv
@@ -316,8 +319,8 @@ class RendezvousJob:
                 # they look at the state once a second; let them see it closed
                 # before the store (hosted by one of us) goes away
                 time.sleep(SPARES_NOTICE)
-            if rnd is not None and rnd.joined is not None:
-                _barrier(rnd.joined, live, EXIT_BARRIER)
+            if job_gen is not None and job_gen.joined is not None:
+                _barrier(job_gen.joined, live, EXIT_BARRIER)
 
         try:
             await in_thread(finish, "rdzv-finish")
@@ -363,10 +366,10 @@ class _Stopped(Exception):
     """The awaiting side gave up; the thread ends quietly."""
 
 
-def _joined(rnd: Round) -> Joined:
-    if rnd.joined is None:
-        raise RuntimeError(f"generation {rnd.generation} has no rendezvous round")
-    return rnd.joined
+def _joined(job_gen: JobGeneration) -> Joined:
+    if job_gen.joined is None:
+        raise RuntimeError(f"generation {job_gen.generation} has no rendezvous round")
+    return job_gen.joined
 
 
 def _text(store: Any, key: str, default: str) -> str:

@@ -13,11 +13,11 @@ from supervisor.core.types import RankFailure
 
 
 @dataclass(frozen=True, slots=True)
-class WorkloadAsk:
+class WorkloadRequest:
     """A workload request a rank sent during the generation."""
 
     rank: int
-    action: str  # a supervisor.transport.schema.Request value
+    action: str  # a supervisor.transport.schema.RequestAction value
     reason: str = ""
 
 
@@ -37,7 +37,7 @@ class Evidence:
     # when every failure blames a peer (a reset connection), the peer may be one of
     # them, caught on its way out with its own error already printed
     stopped: tuple[RankFailure, ...] = ()
-    requests: tuple[WorkloadAsk, ...] = ()
+    requests: tuple[WorkloadRequest, ...] = ()
     generation: int = 0
     node: str = ""
     dmesg: tuple[str, ...] = ()

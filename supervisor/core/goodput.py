@@ -25,7 +25,7 @@ stepping
     it counts from ``generation_started`` (a workload without steps would
     otherwise read 0).
 incident
-    a generation ended by a failure: a ``decision`` names it, or its verdict is
+    a generation ended by a failure: a ``decision`` names it, or its result is
     ``failed``. Its cause is the reason, rule and detail of the decision that
     names the root cause best (several nodes decide, a decision may be adopted
     later): a rule for a rank's own failure, else one that blames a peer, else
@@ -145,7 +145,7 @@ class _Gen:
     number: int
     started: float | None = None
     ended: float | None = None
-    verdict: str | None = None
+    result: str | None = None
     spawned: set[int] = field(default_factory=set)
     stepping: dict[int, float] = field(default_factory=dict)  # rank -> its first step
     first_iteration: int | None = None
@@ -173,7 +173,7 @@ class _Gen:
 
     @property
     def failing(self) -> bool:
-        return self.decided or self.verdict == "failed" or (self.ended is None and self.failed_at is not None)
+        return self.decided or self.result == "failed" or (self.ended is None and self.failed_at is not None)
 
 
 def _cause_rank(decision: Mapping[str, Any]) -> int:
@@ -275,9 +275,10 @@ class Ledger:
         if gen is None or gen.started is None:
             return
         gen.ended = t if gen.ended is None else max(gen.ended, t)
-        verdict = _str(record, "verdict")
-        if verdict is not None and gen.verdict != "failed":
-            gen.verdict = verdict
+        # "verdict": what event logs written before 2026-11 call it
+        result = _str(record, "result") or _str(record, "verdict")
+        if result is not None and gen.result != "failed":
+            gen.result = result
         iteration = _int(record, "iteration")
         if iteration is not None:
             gen.last_iteration = max(iteration, gen.last_iteration or iteration)

@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from supervisor.core.classify import Classification
-from supervisor.core.evidence import Evidence, WorkloadAsk
+from supervisor.core.evidence import Evidence, WorkloadRequest
 from supervisor.core.types import SEVERITY, Action, Decision, Reason
 
 # kept here too for callers that imported it from the policy
-__all__ = ["Budget", "History", "Past", "Policy", "WorkloadAsk", "decide"]
+__all__ = ["Budget", "History", "Past", "Policy", "WorkloadRequest", "decide"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +158,7 @@ _ASKS = {
 _ASK_ORDER = ("abort", "reschedule", "exclude_node", "shutdown")
 
 
-def _strongest(requests: tuple[WorkloadAsk, ...]) -> WorkloadAsk | None:
+def _strongest(requests: tuple[WorkloadRequest, ...]) -> WorkloadRequest | None:
     asks = [r for r in requests if r.action in _ASK_ORDER]
     return min(asks, key=lambda r: _ASK_ORDER.index(r.action)) if asks else None
 

@@ -61,6 +61,9 @@ _ID = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 # what torch (``[rank3]:``) and torchrun --tee (``[default3]:``) put before a rank's lines
 _PREFIX = re.compile(r"^\s*(?:\[(?:rank|default)\d+\]:\s?|\[rank \d+\] )")
 
+# the entry-point group classifier plugins register in (the built-in rules too)
+PLUGIN_ENTRY_POINTS = "ft_supervisor.plugins"
+
 
 class RuleError(ValueError):
     """A rule that cannot be used: the message names the rule and the key."""

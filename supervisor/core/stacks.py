@@ -16,7 +16,7 @@ Which thread is "current" is whichever one the kernel delivered the signal to,
 so the main thread is found by its outermost frame instead: every other Python
 thread starts in ``threading.py``'s ``_bootstrap``.
 
-Pure: text in, a verdict out.
+Pure: text in, a judgement out.
 """
 
 from __future__ import annotations

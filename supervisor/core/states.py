@@ -55,7 +55,7 @@ def advance(old: RankState, new: RankState) -> RankState:
     return new
 
 
-class GroupVerdict(StrEnum):
+class GroupResult(StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -66,14 +66,14 @@ class GroupVerdict(StrEnum):
 _ACTIVE = frozenset({RankState.STANDBY, RankState.RUNNING, RankState.STOPPING})
 
 
-def group_verdict(states: Mapping[int, RankState]) -> GroupVerdict:
+def group_result(states: Mapping[int, RankState]) -> GroupResult:
     """One failed rank fails the group; the group succeeds when every rank did;
     a group ended by the supervisor with neither is stopped."""
     values = states.values()
     if any(s is RankState.FAILED for s in values):
-        return GroupVerdict.FAILED
+        return GroupResult.FAILED
     if values and all(s is RankState.SUCCEEDED for s in values):
-        return GroupVerdict.SUCCEEDED
+        return GroupResult.SUCCEEDED
     if values and not any(s in _ACTIVE for s in values):
-        return GroupVerdict.STOPPED
-    return GroupVerdict.RUNNING
+        return GroupResult.STOPPED
+    return GroupResult.RUNNING

@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal as _signal
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any, Protocol
 
 from supervisor.core.watch import Hang
 
@@ -183,3 +184,10 @@ class RankFailure:
         if self.error is not None:
             return self.error.message
         return self.exit.status.describe()
+
+
+class EventSink(Protocol):
+    """Where an adapter reports what it did: the daemon's event log, as a seam
+    (the adapters never import the runtime)."""
+
+    def emit(self, event: str, level: int = ..., *, quiet: tuple[str, ...] = (), **fields: Any) -> None: ...

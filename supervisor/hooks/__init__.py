@@ -34,10 +34,11 @@ import pluggy
 
 from supervisor.core.classify import Classification
 from supervisor.core.evidence import Evidence
+from supervisor.core.rules import PLUGIN_ENTRY_POINTS
 from supervisor.core.types import Decision
 
 PROJECT = "ft_supervisor"
-ENTRY_POINT_GROUP = "ft_supervisor.plugins"
+ENTRY_POINT_GROUP = PLUGIN_ENTRY_POINTS
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)

@@ -18,7 +18,7 @@ What agreement means:
   node's decision; the reason file's rule and rank say which;
 * not comparable: a run the daemon never finished (no reason file), and a run
   classified by a plugin this process cannot load (its classification cannot be
-  repeated here; ``Verdict.problems`` says which).
+  repeated here; ``ReplayedRun.problems`` says which).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from supervisor.postmortem.replay import Judged, Verdict
+from supervisor.postmortem.replay import Judged, ReplayedRun
 
 
 def _judged(j: Judged | None) -> dict[str, Any]:
@@ -50,16 +50,16 @@ def _differ(
     return [f"{what}: classify says {ours}; the daemon said {daemon}"]
 
 
-def _end(verdict: Verdict, reason: Mapping[str, Any]) -> list[str]:
+def _end(replayed: ReplayedRun, reason: Mapping[str, Any]) -> list[str]:
     out = []
     decision = reason.get("decision") or {}
-    if verdict.final is not None or reason.get("rule") is not None:
+    if replayed.final is not None or reason.get("rule") is not None:
         daemon = {"rule": reason.get("rule"), "rank": reason.get("rank"),
                   "action": decision.get("action"), "reason": decision.get("reason")}  # fmt: skip
-        out += _differ("the decision the run ended on", _judged(verdict.final), daemon,
+        out += _differ("the decision the run ended on", _judged(replayed.final), daemon,
                        ("rule", "rank", "action", "reason"))  # fmt: skip
     theirs = reason.get("last_failure")
-    mine = verdict.last_failure
+    mine = replayed.last_failure
     if theirs is None and mine is None:
         return out
     if theirs is None or mine is None:
@@ -75,18 +75,18 @@ def _end(verdict: Verdict, reason: Mapping[str, Any]) -> list[str]:
                          ("generation", "rule", "rank", "action"))  # fmt: skip
 
 
-def disagreements(verdict: Verdict, reason: Mapping[str, Any]) -> list[str] | None:
+def disagreements(replayed: ReplayedRun, reason: Mapping[str, Any]) -> list[str] | None:
     """What the replay and the daemon disagree on (empty: they agree); None when
     they cannot be compared (see the module's docstring)."""
-    classifiers = {j.event.get("classifier") for j in verdict.judged}
-    if verdict.exit_code is None or classifiers & set(verdict.missing):
+    classifiers = {j.event.get("classifier") for j in replayed.judged}
+    if replayed.exit_code is None or classifiers & set(replayed.missing):
         return None
     out = []
-    for j in verdict.judged:
+    for j in replayed.judged:
         if j.own:
             e = j.event
             out += _differ(f"generation {j.generation}'s decision", _judged(j), e,
                            ("rule", "rank", "action", "reason"))  # fmt: skip
-    if verdict.outcome != reason.get("outcome"):
-        out.append(f"outcome: classify says {verdict.outcome!r}; the daemon said {reason.get('outcome')!r}")
-    return out + _end(verdict, reason)
+    if replayed.outcome != reason.get("outcome"):
+        out.append(f"outcome: classify says {replayed.outcome!r}; the daemon said {reason.get('outcome')!r}")
+    return out + _end(replayed, reason)

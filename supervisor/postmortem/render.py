@@ -7,7 +7,7 @@ from typing import Any
 
 from supervisor.core.classify import Classification
 from supervisor.core.types import Decision
-from supervisor.postmortem.replay import Judged, Verdict
+from supervisor.postmortem.replay import Judged, ReplayedRun
 
 _ENDS = {
     "success": "no failure: the run succeeded",
@@ -44,24 +44,24 @@ def _short(j: Judged) -> str:
     return f"generation {j.generation}: {j.decision.action} ({j.decision.reason}) {what}; {how}"
 
 
-def render_run(verdict: Verdict, differ: list[str] | None = None) -> str:
-    code = "" if verdict.exit_code is None else f", exit code {verdict.exit_code}"
-    out = [f"run:      {verdict.run_dir}", f"outcome:  {verdict.outcome}{code}"]
-    if verdict.final is not None:
-        out += _classification(verdict.final.classification, verdict.final.decision)
+def render_run(replayed: ReplayedRun, differ: list[str] | None = None) -> str:
+    code = "" if replayed.exit_code is None else f", exit code {replayed.exit_code}"
+    out = [f"run:      {replayed.run_dir}", f"outcome:  {replayed.outcome}{code}"]
+    if replayed.final is not None:
+        out += _classification(replayed.final.classification, replayed.final.decision)
     else:
-        out.append(_ENDS.get(verdict.outcome, "no decision ended the run"))
-        last = verdict.last_failure
+        out.append(_ENDS.get(replayed.outcome, "no decision ended the run"))
+        last = replayed.last_failure
         if last is not None and last.classification is not None:
             c = last.classification
             out.append(f"last failure, gone on after: generation {last.generation}: {c.rule}, rank {c.rank} "
                        f"-> {last.decision.action} ({last.decision.detail})")  # fmt: skip
-    if verdict.judged:
-        out += ["decisions:", *(f"  {_short(j)}" for j in verdict.judged)]
+    if replayed.judged:
+        out += ["decisions:", *(f"  {_short(j)}" for j in replayed.judged)]
     if differ is not None:
         agreed = ["agrees with reason.json"]
         out += ["disagrees with reason.json:", *(f"  {d}" for d in differ)] if differ else agreed
-    out += list(verdict.problems)
+    out += list(replayed.problems)
     return "\n".join(line for line in out if line)
 
 
@@ -84,20 +84,20 @@ def _decision_json(d: Decision) -> dict[str, str]:
     return {"action": str(d.action), "reason": str(d.reason), "detail": d.detail}
 
 
-def run_json(verdict: Verdict, differ: list[str] | None = None) -> dict[str, Any]:
-    final = verdict.final
+def run_json(replayed: ReplayedRun, differ: list[str] | None = None) -> dict[str, Any]:
+    final = replayed.final
     c = None if final is None else final.classification
     return {
-        "run_dir": str(verdict.run_dir),
-        "outcome": verdict.outcome,
-        "exit_code": verdict.exit_code,
+        "run_dir": str(replayed.run_dir),
+        "outcome": replayed.outcome,
+        "exit_code": replayed.exit_code,
         "rule": None if c is None else c.rule,
         "rank": None if c is None else c.rank,
         "classification": None if c is None else c.to_json(),
         "decision": None if final is None else _decision_json(final.decision),
-        "last_failure": _judged_json(verdict.last_failure),
-        "decisions": [_judged_json(j) for j in verdict.judged],
+        "last_failure": _judged_json(replayed.last_failure),
+        "decisions": [_judged_json(j) for j in replayed.judged],
         "agrees": None if differ is None else not differ,
         "disagreements": differ or [],
-        "problems": list(verdict.problems),
+        "problems": list(replayed.problems),
     }

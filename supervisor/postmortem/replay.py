@@ -39,7 +39,7 @@ from typing import Any
 
 from supervisor.core.classify import Classification
 from supervisor.core.errorfile import order_failures
-from supervisor.core.evidence import Evidence, WorkloadAsk
+from supervisor.core.evidence import Evidence, WorkloadRequest
 from supervisor.core.jobwide import FREE_REASONS, NodeOutcome, spends_budget
 from supervisor.core.policy import Budget, History, Past, Policy, decide
 from supervisor.core.types import Action, Decision, ExitStatus, RankExit, RankFailure, Reason
@@ -87,7 +87,7 @@ class Judged:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class ReplayedRun:
     """A run directory, judged again."""
 
     run_dir: Path
@@ -215,7 +215,7 @@ def evidence_of(run: RunLog, g: GenerationLog, progress: int | None) -> Evidence
     found = [f for f, failed in seen if failed]
     stopped = [f for f, failed in seen if not failed]
     requests = tuple(
-        WorkloadAsk(int(e.get("rank") or 0), str(e.get("action")), str(e.get("reason") or ""))
+        WorkloadRequest(int(e.get("rank") or 0), str(e.get("action")), str(e.get("reason") or ""))
         for e in g.requests
     )
     return Evidence(
@@ -329,7 +329,7 @@ def _outcome(run: RunLog, decision: Decision | None) -> str:
     return "failed" if run.finished is not None else "unfinished"
 
 
-def replay(run: RunLog, registry: Registry, settings: Settings) -> Verdict:
+def replay(run: RunLog, registry: Registry, settings: Settings) -> ReplayedRun:
     judge = _Judge(run, registry, settings)
     judged = tuple(judge.judge(e) for e in run.decisions if isinstance(e.get("generation"), int))
     outcome = _outcome(run, judge.decision)
@@ -343,7 +343,7 @@ def replay(run: RunLog, registry: Registry, settings: Settings) -> Verdict:
     missing = tuple(str(p) for p in (run.plugins or {}).get("plugins") or () if p not in here)
     by_failure = outcome not in ("success", "continue", "stopped", "unfinished")
     code = None if run.finished is None else run.finished.get("exit_code")
-    return Verdict(
+    return ReplayedRun(
         run_dir=run.run_dir,
         outcome=outcome,
         exit_code=code if isinstance(code, int) else None,
@@ -358,8 +358,8 @@ def replay(run: RunLog, registry: Registry, settings: Settings) -> Verdict:
 def registry_for(run: RunLog, settings: Settings) -> tuple[Registry, tuple[str, ...]]:
     """The classifier chain the run had: its rule files and disabled plugins, unless
     ``settings`` name others; and what could not be had."""
+    from supervisor.config.errors import ConfigError  # noqa: PLC0415
     from supervisor.config.policy import user_rules  # noqa: PLC0415
-    from supervisor.config.errors import ConfigError
 
     loaded = run.plugins or {}
     rules, notes = settings.rules, []
@@ -375,12 +375,12 @@ def registry_for(run: RunLog, settings: Settings) -> tuple[Registry, tuple[str, 
     return registry, tuple(notes)
 
 
-def judge_run(run_dir: Path, settings: Settings | None = None) -> Verdict:
+def judge_run(run_dir: Path, settings: Settings | None = None) -> ReplayedRun:
     """Judge a run directory again. Raises OSError when its event log cannot be read."""
     settings = settings or Settings()
     run = read_run(run_dir)
     registry, notes = registry_for(run, settings)
-    verdict = replay(run, registry, settings)
+    replayed = replay(run, registry, settings)
     failed = (f"plugin {p.plugin} ({p.stage}): {p.error}" for p in registry.problems)
-    problems = (*notes, *verdict.problems, *failed)
-    return replace(verdict, problems=tuple(dict.fromkeys(problems)))
+    problems = (*notes, *replayed.problems, *failed)
+    return replace(replayed, problems=tuple(dict.fromkeys(problems)))

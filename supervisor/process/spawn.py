@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import os
 import socket
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path

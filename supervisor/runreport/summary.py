@@ -177,30 +177,58 @@ def text(report: Report, html_path: Path | None) -> str:
     return "\n".join(out)
 
 
+# the incident table's columns: title, and whether figures align right
+_COLUMNS = (
+    ("gen", False), ("failed at", False), ("rank", False), ("first sign", False), ("action", False),
+    ("detection", True), ("restart", True), ("recompute", True), ("iters", True),
+)  # fmt: skip
+
+
+def _table(rows: list[list[str]], titles: tuple[tuple[str, bool], ...]) -> list[str]:
+    """Rows under their titles, each column as wide as its widest cell."""
+    widths = [max(len(title), *(len(r[c]) for r in rows)) for c, (title, _) in enumerate(titles)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            cell.rjust(w) if right else cell.ljust(w)
+            for cell, w, (_, right) in zip(cells, widths, titles, strict=True)
+        ).rstrip()
+
+    return [line([title for title, _ in titles]), *(line(r) for r in rows)]
+
+
 def _incidents_text(report: Report) -> str:
     if not report.incidents:
         return "incidents: none (no generation ended in a failure)"
     several = len(report.sessions) > 1
     origin = report.timeline.origin
-    lines = [f"incidents: {len(report.incidents)}"]
-    head = "gen  failed at   rank  first sign      action      detection    restart  recompute  iters"
-    lines.append("  " + ("run " if several else "") + head)
+    titles = ((("run", False),) if several else ()) + _COLUMNS
+    rows, notes = [], []
     for index, i in report.incidents:
-        run = f"{index + 1:<4}" if several else ""
-        iters = "-" if i.iterations_lost is None else str(i.iterations_lost)
-        rank = "-" if i.rank is None else str(i.rank)
-        lines.append(
-            f"  {run}{i.generation:<4} {'+' + format(i.failed_at - origin, '.2f') + ' s':<11} {rank:<5} "
-            f"{i.sign:<15} {i.action or '-':<10} {_s(i.detection):>10} {_s(i.restart):>10} "
-            f"{_s(i.recomputation):>10}  {iters:>5}"
-        )
+        rows.append([
+            *([str(index + 1)] if several else []),
+            str(i.generation),
+            f"+{i.failed_at - origin:.2f} s",
+            "-" if i.rank is None else str(i.rank),
+            i.sign,
+            i.action or "-",
+            _s(i.detection).strip(),
+            _s(i.restart).strip(),
+            _s(i.recomputation).strip(),
+            "-" if i.iterations_lost is None else str(i.iterations_lost),
+        ])  # fmt: skip
         cause = f"{i.reason or 'no decision'}" + (f" [{i.rule}]" if i.rule else "")
-        lines.append(f"       {cause}: {i.detail}" if i.detail else f"       {cause}")
+        note = [f"{cause}: {i.detail}" if i.detail else cause]
         if i.restart is not None:
             # the figure a user cares about: the failure to every rank of the next generation stepping
             who = "a rank" if i.rank is None else f"rank {i.rank}"
-            lines.append(
-                f"       {who} failed; every rank was stepping again {_s(i.detection + i.restart).strip()} "
+            note.append(
+                f"{who} failed; every rank was stepping again {_s(i.detection + i.restart).strip()} "
                 f"later (noticed after {_s(i.detection).strip()}, restart {_s(i.restart).strip()})"
             )
-    return "\n".join(lines)
+        notes.append(note)
+    head, *lines = _table(rows, titles)
+    out = [f"incidents: {len(report.incidents)}", "  " + head]
+    for line, note in zip(lines, notes, strict=True):
+        out += ["  " + line, *("       " + n for n in note)]
+    return "\n".join(out)

@@ -46,7 +46,7 @@ class Dropped(ValueError):
         self.detail = detail
 
 
-class Request(StrEnum):
+class RequestAction(StrEnum):
     """Workload control a rank may ask for (nvidia-resiliency-ext's WorkloadAction and more)."""
 
     CONTINUE = "continue"
@@ -129,7 +129,7 @@ class Calculate:
 class WorkloadRequest:
     rank: int
     gen: int
-    action: Request
+    action: RequestAction
     reason: str
     id: str | None = None  # when set, the daemon acknowledges: {"v": 1, "type": "ack", "id": ...}
 
@@ -285,7 +285,7 @@ def _decode_timeouts(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
 
 
 def _decode_request(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
-    action = _enum(Request, m.get("action"), "action")
+    action = _enum(RequestAction, m.get("action"), "action")
     reason = _str(m, "reason", optional=True, limit=4096) or ""
     return WorkloadRequest(rank, gen, action, reason, _str(m, "id", optional=True, limit=64))
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from supervisor.core.program import Program
 from supervisor.core.topology import ENV_TOKEN, RankSlot, generation_token, token_entry
 from supervisor.process import cgroups
 from supervisor.process.cgroups import Containment
 from supervisor.process.orphans import SENTINEL, release_generation, sweep_generation
 from supervisor.process.sentinel import cgroup_pids, kill_cgroup, remove_cgroup, signal_cgroup
-from supervisor.core.program import Program
 from supervisor.process.spawn import RankFiles, RankProcess, spawn_rank
 from supervisor.process.terminate import terminate
 from tests.support import RANKS, alive, wait_until

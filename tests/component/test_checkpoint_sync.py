@@ -20,11 +20,11 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from supervisor.config.checkpoints import CheckpointConfig
 from supervisor.checkpoints.remote import FsspecStore
 from supervisor.checkpoints.store import Maker, Store
 from supervisor.checkpoints.sync import CheckpointSync
 from supervisor.checkpoints.threads import DaemonThreads
+from supervisor.config.checkpoints import CheckpointConfig
 from supervisor.runtime.clock import Clock
 from supervisor.runtime.records.events import EventLog
 from tests.support import wait_until

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from supervisor.core.program import Program
 from supervisor.core.states import RankState
 from supervisor.core.topology import ENV_TOKEN, RankSlot, generation_token, token_entry
 from supervisor.process.orphans import sweep_generation
-from supervisor.core.program import Program
 from supervisor.process.spawn import RankFiles, RankProcess, spawn_rank
 from supervisor.process.terminate import Signaller, terminate
 from tests.fixtures.dstate import TrapUnavailable, unkillable_trap

@@ -155,7 +155,7 @@ def test_sigterm_stops_ranks_gracefully_and_exits_143(start: Start, tmp_path: Pa
     assert d.wait() == 128 + signal.SIGTERM
     assert sorted(terms.read_text().splitlines()) == ["0 0", "1 0"]
     assert d.events("stop_requested")[0]["signal"] == "SIGTERM"
-    assert d.events("generation_ended")[0]["verdict"] == "stopped"
+    assert d.events("generation_ended")[0]["result"] == "stopped"
 
 
 def test_sigterm_with_stubborn_ranks_ends_within_grace_plus_1s(start: Start, tmp_path: Path) -> None:

@@ -183,6 +183,19 @@ def test_bad_input_is_named_and_exits_2(
     assert err.startswith("ft-supervisor report: ") and expected in err, err
 
 
+def test_a_reader_that_goes_away_ends_the_report_quietly(crashed: Run) -> None:
+    """`report --json | head`: the reader closes the pipe before the report is written."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        argv = [sys.executable, "-m", "supervisor", "report", "--json", str(crashed.run_dir)]
+        r = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    finally:
+        os.close(write)
+    assert r.returncode == 128 + signal.SIGPIPE, r.stderr
+    assert r.stderr == ""
+
+
 def test_a_truncated_line_and_a_resumed_run_are_read_and_said(
     crashed: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.checkpoints.store import check_url, split_url
-from supervisor.cli import build_parser, build_run_config
-from supervisor.config.run import RunConfig
+from supervisor.cli import build_parser
+from supervisor.config.build import build_run_config
+from supervisor.config.checkpoints import check_url, split_url
 from supervisor.config.errors import ConfigError
+from supervisor.config.run import RunConfig
 
 
 @pytest.fixture

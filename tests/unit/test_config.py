@@ -12,9 +12,9 @@ from supervisor.config.run import (
     parse_signals,
     parse_std,
 )
+from supervisor.core.program import Program
 from supervisor.core.topology import Topology
 from supervisor.log import STDERR, STDOUT
-from supervisor.core.program import Program
 
 
 def test_std_specs() -> None:

@@ -9,14 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config.run import files as configfile
-
-from supervisor.config.run import ft as ftconfig
+from supervisor.config import files as configfile
+from supervisor.config import ft as ftconfig
+from supervisor.config.errors import ConfigError
 from supervisor.config.files import MAX_BYTES, MAX_DEPTH
-from supervisor.config.errors import ConfigError
-from supervisor.config.errors import ConfigError
 from supervisor.config.policy import load_rules_file, user_rules
-from supervisor.config.errors import ConfigError
 
 SELF_ALIAS = b"a: &a [*a]\n"  # the 11 bytes of the issue: a list that holds itself
 # 9 lists of 9 references to the one before: 9^9 (387 million) strings to whoever walks it

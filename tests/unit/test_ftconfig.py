@@ -3,10 +3,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config.run import ft as ftconfig
 from supervisor.cli import build_parser
-from supervisor.config.ft import FtConfig, load
+from supervisor.config import ft as ftconfig
 from supervisor.config.errors import ConfigError
+from supervisor.config.ft import FtConfig, load
 
 
 def test_defaults_monitor_nothing() -> None:

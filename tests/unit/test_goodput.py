@@ -38,7 +38,7 @@ def crash(g: int, t: float, rank: int = 1, iteration: int | None = None) -> list
     return [
         ev("rank_exited", t, generation=g, rank=rank, state="failed", exit_code=1, signal=None),
         ev("rank_exited", t + 0.1, generation=g, rank=1 - rank, state="stopped", signal="SIGTERM"),
-        ev("generation_ended", t + 0.2, generation=g, verdict="failed", iteration=iteration),
+        ev("generation_ended", t + 0.2, generation=g, result="failed", iteration=iteration),
         ev("decision", t + 0.3, generation=g, action="restart", reason="rank_failed", rule="P9",
            rank=rank, detail=f"rank {rank}: boom"),
     ]  # fmt: skip
@@ -52,7 +52,7 @@ def success(g: int, t: float, iteration: int | None = None) -> list[Event]:
     return [
         ev("rank_exited", t, generation=g, rank=0, state="succeeded", exit_code=0),
         ev("rank_exited", t, generation=g, rank=1, state="succeeded", exit_code=0),
-        ev("generation_ended", t + 0.1, generation=g, verdict="succeeded", iteration=iteration),
+        ev("generation_ended", t + 0.1, generation=g, result="succeeded", iteration=iteration),
     ]
 
 
@@ -351,7 +351,7 @@ NAMES = st.sampled_from(["run_started", "generation_started", "generation_ended"
                          "rank_stepping", "rank_exited", "rank_hung", "checkpoint_reported", "decision",
                          "job_decision", "peer_news", "run_finished", "other"])  # fmt: skip
 KEYS = st.sampled_from(["t_wall", "generation", "rank", "state", "open_for", "checkpoint", "iteration",
-                        "action", "verdict"])  # fmt: skip
+                        "action", "result", "verdict"])  # fmt: skip
 VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 5), st.floats(-1e3, 1e3), st.text(max_size=3),
                    st.sampled_from(["failed", "saved", "restart"]))  # fmt: skip
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.cli import build_parser, build_run_config
-from supervisor.config.run import RunConfig
+from supervisor.cli import build_parser
+from supervisor.config.build import build_run_config
 from supervisor.config.errors import ConfigError
-from supervisor.core.notify import Narrator, notify_address, watchdog_interval
 from supervisor.config.ft import load
-from supervisor.config.errors import ConfigError
+from supervisor.config.run import RunConfig
+from supervisor.core.notify import Narrator, notify_address, watchdog_interval
 
 
 @pytest.fixture

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.cli import build_parser, build_run_config
-from supervisor.config.run import RunConfig
+from supervisor.cli import build_parser
+from supervisor.config.build import build_run_config
 from supervisor.config.errors import ConfigError
 from supervisor.config.metrics import LOOPBACK, MetricsConfig
+from supervisor.config.run import RunConfig
 
 
 @pytest.fixture

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from plugins.rules import rule_set
+from supervisor.config.errors import ConfigError
+from supervisor.config.policy import user_rules
 from supervisor.core import patterns
 from supervisor.core.classify import classify, classify_lines
 from supervisor.core.evidence import Evidence
 from supervisor.core.patterns import Screen
 from supervisor.core.rules import RuleError, compile_rule, compile_rules, prefilter, strip_prefix
 from supervisor.core.types import ExitStatus, RankExit, RankFailure
-from supervisor.config.policy import user_rules
-from supervisor.config.errors import ConfigError
 
 FAILURES = Path(__file__).resolve().parent.parent / "fixtures" / "failures"
 CASES = tomllib.loads((FAILURES / "cases.toml").read_text())["case"]

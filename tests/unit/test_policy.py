@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor.core.classify import Classification
-from supervisor.core.evidence import Evidence, WorkloadAsk
+from supervisor.core.evidence import Evidence, WorkloadRequest
 from supervisor.core.exitcodes import ExitCodes, OutcomeError, apply_presets
 from supervisor.core.policy import Budget, History, Past, Policy, decide
 from supervisor.core.types import SEVERITY, Action, ExitStatus, RankExit, RankFailure, Reason
@@ -109,7 +109,7 @@ def test_a_crash_loop_without_progress_aborts() -> None:
 
 
 def test_requests_are_honoured_and_an_abort_classification_stays_abort() -> None:
-    asks = (WorkloadAsk(0, "shutdown"), WorkloadAsk(1, "exclude_node", "bad NIC"))
+    asks = (WorkloadRequest(0, "shutdown"), WorkloadRequest(1, "exclude_node", "bad NIC"))
     d = decide(Evidence((FAIL,), requests=asks), BUG, History(), Budget(3), now=0.0)
     assert (d.action, d.reason, d.detail) == (
         Action.RESCHEDULE,
@@ -186,7 +186,9 @@ evidences = st.builds(
     Evidence,
     failures=st.just((FAIL,)),
     requests=st.lists(
-        st.builds(WorkloadAsk, rank=st.just(0), action=st.sampled_from(["abort", "reschedule", "shutdown"])),
+        st.builds(
+            WorkloadRequest, rank=st.just(0), action=st.sampled_from(["abort", "reschedule", "shutdown"])
+        ),
         max_size=2,
     ).map(tuple),
     progress=st.none() | st.integers(0, 3),

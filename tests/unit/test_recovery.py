@@ -101,7 +101,7 @@ def test_a_next_generation_that_fails_before_stepping_starts_a_new_measurement()
 def test_ranks_that_never_report_steps_give_no_measurement() -> None:
     r = Recovery()
     assert _feed(r, *_generation(0, 1.0), _crash(0, 2.0), *_generation(1, 3.0)) == []
-    assert _feed(r, ("generation_ended", 9.0, {"generation": 1, "verdict": "succeeded"})) == []
+    assert _feed(r, ("generation_ended", 9.0, {"generation": 1, "result": "succeeded"})) == []
 
 
 def test_a_node_that_moved_waits_for_its_new_ranks() -> None:

@@ -29,7 +29,7 @@ def test_every_rank_message_round_trips() -> None:
         ),
         (
             schema.encode("request", rank=1, gen=2, action="abort", reason="bad data", id="r1"),
-            schema.WorkloadRequest(1, 2, schema.Request.ABORT, "bad data", "r1"),
+            schema.WorkloadRequest(1, 2, schema.RequestAction.ABORT, "bad data", "r1"),
         ),
         (
             schema.encode("section", rank=1, gen=2, op="close", name="step", iteration=7, failed=True),

@@ -4,11 +4,11 @@ import pytest
 
 from supervisor.core.states import (
     ALLOWED,
-    GroupVerdict,
+    GroupResult,
     IllegalTransition,
     RankState,
     advance,
-    group_verdict,
+    group_result,
 )
 
 S = RankState
@@ -33,17 +33,17 @@ def test_every_state_is_in_the_table() -> None:
 
 
 def test_one_failure_fails_the_group() -> None:
-    assert group_verdict({0: S.RUNNING, 1: S.FAILED}) is GroupVerdict.FAILED
-    assert group_verdict({0: S.SUCCEEDED, 1: S.FAILED}) is GroupVerdict.FAILED
+    assert group_result({0: S.RUNNING, 1: S.FAILED}) is GroupResult.FAILED
+    assert group_result({0: S.SUCCEEDED, 1: S.FAILED}) is GroupResult.FAILED
 
 
 def test_group_succeeds_only_when_every_rank_did() -> None:
-    assert group_verdict({0: S.SUCCEEDED, 1: S.RUNNING}) is GroupVerdict.RUNNING
-    assert group_verdict({0: S.SUCCEEDED, 1: S.SUCCEEDED}) is GroupVerdict.SUCCEEDED
-    assert group_verdict({}) is GroupVerdict.RUNNING
+    assert group_result({0: S.SUCCEEDED, 1: S.RUNNING}) is GroupResult.RUNNING
+    assert group_result({0: S.SUCCEEDED, 1: S.SUCCEEDED}) is GroupResult.SUCCEEDED
+    assert group_result({}) is GroupResult.RUNNING
 
 
 def test_a_group_ended_without_failure_is_stopped() -> None:
-    assert group_verdict({0: S.STOPPED, 1: S.SUCCEEDED}) is GroupVerdict.STOPPED
-    assert group_verdict({0: S.STOPPED, 1: S.UNKILLABLE}) is GroupVerdict.STOPPED
-    assert group_verdict({0: S.STOPPED, 1: S.STOPPING}) is GroupVerdict.RUNNING
+    assert group_result({0: S.STOPPED, 1: S.SUCCEEDED}) is GroupResult.STOPPED
+    assert group_result({0: S.STOPPED, 1: S.UNKILLABLE}) is GroupResult.STOPPED
+    assert group_result({0: S.STOPPED, 1: S.STOPPING}) is GroupResult.RUNNING

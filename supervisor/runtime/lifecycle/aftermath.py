@@ -13,9 +13,9 @@ from supervisor.core.types import RankFailure
 from supervisor.core.watch import Hang
 from supervisor.process.evidence import failure_evidence
 from supervisor.process.stacks import dump_stacks, process_state
-from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
+from supervisor.runtime.records.events import EventLog
 
 
 async def collect_stacks(

@@ -8,9 +8,9 @@ import resource
 
 from supervisor.config.run import RunConfig
 from supervisor.runtime.lifecycle import autoresume
+from supervisor.runtime.lifecycle.judge import Judge
 from supervisor.runtime.records import reason as outcome
 from supervisor.runtime.records.events import EventLog
-from supervisor.runtime.lifecycle.judge import Judge
 from supervisor.runtime.records.rundir import RunDir
 
 EXIT_SUCCESS = 0

@@ -24,13 +24,15 @@ import zmq
 import zmq.asyncio
 
 from supervisor import log
+from supervisor.aio import first
 from supervisor.checkpoints.sync import CheckpointSync
 from supervisor.config.run import RunConfig
-from supervisor.coord.job import JobOver, LocalJob, RendezvousJob, Round
-from supervisor.core.evidence import WorkloadAsk
-from supervisor.core.jobwide import NodeOutcome, PeerNews, joint, spends_budget
+from supervisor.coord.job import JobGeneration, JobOver, LocalJob, RendezvousJob
+from supervisor.core.evidence import WorkloadRequest
+from supervisor.core.jobwide import NodeOutcome, PeerNews
 from supervisor.core.learning import Learned
-from supervisor.core.states import GroupVerdict
+from supervisor.core.next_step import GenerationEnd, Route, Settlement, route, settle, without_evidence
+from supervisor.core.states import GroupResult
 from supervisor.core.topology import (
     ENV_NOFILE,
     RunIdentity,
@@ -43,27 +45,21 @@ from supervisor.process.orphans import OrphanGuard
 from supervisor.process.spawn import RankProcess
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller, TerminationReport
-from supervisor.runtime.lifecycle import autoresume
-from supervisor.runtime.lifecycle import closing
-from supervisor.runtime.lifecycle import hangs
-from supervisor.runtime.lifecycle import rounds
-from supervisor.runtime.lifecycle import signals
-from supervisor.runtime.records import statefile
-from supervisor.runtime.services import status
-from supervisor.aio import first
 from supervisor.runtime.clock import Clock
-from supervisor.runtime.services.control import ControlServer
+from supervisor.runtime.lifecycle import autoresume, closing, hangs, jobwide, signals, status
 from supervisor.runtime.lifecycle.ending import Ender
-from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.hosting import Hosting
 from supervisor.runtime.lifecycle.judge import Judge
 from supervisor.runtime.lifecycle.launcher import Launcher
+from supervisor.runtime.lifecycle.monitor import Monitor
+from supervisor.runtime.records import statefile
+from supervisor.runtime.records.events import EventLog
+from supervisor.runtime.records.rundir import RunDir
+from supervisor.runtime.services.control import ControlServer
 from supervisor.runtime.services.loopwatch import LoopWatch
 from supervisor.runtime.services.metrics import close_metrics, refresh_metrics, start_metrics
-from supervisor.runtime.lifecycle.monitor import Monitor
 from supervisor.runtime.services.publisher import Publisher
-from supervisor.runtime.records.rundir import RunDir
 from supervisor.transport.endpoints import Endpoints, Sockets, bind
 
 EXIT_SUCCESS = 0
@@ -96,7 +92,7 @@ class Supervisor:
         self._force = asyncio.Event()
         self._current: Generation | None = None
         self._completed = False  # the job ended without failure: training is done
-        self._round: Round | None = None
+        self._round: JobGeneration | None = None
         self._started_at = self.clock.monotonic()
         self._tasks: set[asyncio.Task[None]] = set()
         self._state_path = statefile.path_in(config.state_dir)
@@ -250,37 +246,37 @@ class Supervisor:
             return await self._job_over(None, over)
         while True:
             try:
-                rnd = await self._unless_stopped(job.join(gen.number))
+                job_gen = await self._unless_stopped(job.join(gen.number))
             except JobOver as over:
                 await launcher.drop(gen)
                 return await self._job_over(None, over)
-            if rnd is None:
+            if job_gen is None:
                 await launcher.drop(gen)
                 return self._stopped_code()
-            self._round = rnd
-            topology = replace(self.cfg.topology, nnodes=rnd.nnodes, node_rank=rnd.node_rank)
+            self._round = job_gen
+            topology = replace(self.cfg.topology, nnodes=job_gen.nnodes, node_rank=job_gen.node_rank)
             gen = await launcher.fit(gen, topology)
             if await self._unless_stopped(self.checkpoints.restored.wait()) is None:  # before any script runs
                 await launcher.drop(gen)
                 return self._stopped_code()
             if job.multi:
-                self._sync_budget(rnd)
-            after = await self._run_generation(gen, rnd)
+                self._sync_budget(job_gen)
+            after = await self._run_generation(gen, job_gen)
             if isinstance(after, int):
                 return after
             gen = after
 
-    async def _run_generation(self, gen: Generation, rnd: Round) -> Generation | int:
+    async def _run_generation(self, gen: Generation, job_gen: JobGeneration) -> Generation | int:
         """Run one generation to its end; the next one, or this node's exit code."""
         launcher, job = self._launcher, self.job
         self._current = gen
-        job.note("running", generation=gen.number, node_rank=rnd.node_rank, nnodes=rnd.nnodes,
+        job.note("running", generation=gen.number, node_rank=job_gen.node_rank, nnodes=job_gen.nnodes,
                  ranks=len(gen.ranks))  # fmt: skip
-        await launcher.launch(gen, rnd.master_addr, rnd.master_port)
+        await launcher.launch(gen, job_gen.master_addr, job_gen.master_port)
         upcoming = self._tg.create_task(launcher.prepare_standby(gen, self.judge.remaining(), self._stopping))
-        watch = asyncio.ensure_future(job.watch(rnd))
+        watch = asyncio.ensure_future(job.watch(job_gen))
         await first(gen.ended.wait(), self._stopping.wait(), watch)
-        news, over = rounds.heard(watch)
+        news, over = jobwide.heard(watch)
         if news is not None:
             self.events.emit(
                 "peer_news", logging.WARNING, generation=gen.number, news=str(news[0]), detail=news[1]
@@ -290,45 +286,46 @@ class Supervisor:
             job.multi
             and news is None
             and over is None
-            and (stopping or gen.verdict is not GroupVerdict.SUCCEEDED)
+            and (stopping or gen.result is not GroupResult.SUCCEEDED)
         ):
-            over = await self._announce_end(rnd, gen)
+            over = await self._announce_end(job_gen, gen)
         ending = self.clock.monotonic()
         if gen.missed is not None and not stopping:
             await hangs.name_hung(gen, self.monitor, stack_timeout=self.cfg.ft.stack_dump_timeout,
                                   clock=self.clock, events=self.events)  # fmt: skip
         gen.trouble_at = (
             None
-            if gen.verdict is GroupVerdict.SUCCEEDED and news is None and not stopping
+            if gen.result is GroupResult.SUCCEEDED and news is None and not stopping
             else gen.trouble_began(ending, self.monitor.exception_at)
         )
         report = await self._ender.end(gen, stop_signal=self._stop_signal, why=self._why_ending(gen, news))
         if stopping or over is not None:
             await launcher.discard(upcoming)
-            return await self._job_over(rnd, over) if over is not None else self._stopped_code()
+            return await self._job_over(job_gen, over) if over is not None else self._stopped_code()
         decision = await self._decide(gen, report, news)
-        own = rounds.own_outcome(rnd, decision, self.judge.classification, self.judge.node)
+        own = jobwide.own_outcome(job_gen, decision, self.judge.classification, self.judge.node)
         try:
-            outcomes = await self._unless_stopped(job.agree(rnd, own))
+            outcomes = await self._unless_stopped(job.agree(job_gen, own))
         except JobOver as gone:
             await launcher.discard(upcoming)
-            return await self._job_over(rnd, gone)
+            return await self._job_over(job_gen, gone)
         if outcomes is None:
             await launcher.discard(upcoming)
             return self._stopped_code()
-        action = joint(own, outcomes)
+        settled = settle(own, outcomes, multi=job.multi)
+        action = settled.action
         if job.multi:
             self.events.emit("job_decision", generation=gen.number, action=str(action),
                              outcomes=[o.to_json() for o in outcomes])  # fmt: skip
         self._completed = action is Action.CONTINUE
         if action is Action.RESTART:
-            return await self._restart(rnd, gen, outcomes, upcoming)
+            return await self._restart(job_gen, gen, settled, upcoming)
         await launcher.discard(upcoming)
-        if action is not own.action:
-            decision = rounds.adopted(action, outcomes)
+        if settled.adopted is not None:
+            decision = settled.adopted
             self.judge.adopt(decision, gen.number)
         live = sum(1 for o in outcomes if o.reason is not Reason.NODE_LOST)
-        await job.finish(rnd, action, job_over=action is not Action.RESCHEDULE, live=live)
+        await job.finish(job_gen, action, job_over=action is not Action.RESCHEDULE, live=live)
         if decision is None:
             return EXIT_SUCCESS
         self.judge.report(decision, self.logger, self.rundir.root)
@@ -353,28 +350,28 @@ class Supervisor:
             return f"peer news: {news[0]}"
         if gen.restart_requested:
             return "restart requested"
-        return f"generation {gen.number} {gen.verdict}"
+        return f"generation {gen.number} {gen.result}"
 
-    async def _announce_end(self, rnd: Round, gen: Generation) -> JobOver | None:
-        why = "stopping" if self._stop_signal is not None else f"generation {gen.number} {gen.verdict}"
+    async def _announce_end(self, job_gen: JobGeneration, gen: Generation) -> JobOver | None:
+        why = "stopping" if self._stop_signal is not None else f"generation {gen.number} {gen.result}"
         try:
-            await self.job.announce_end(rnd, why)
+            await self.job.announce_end(job_gen, why)
             if self._stop_signal is not None:
                 # the others need not wait for this node's keep-alive to go stale
-                left = NodeOutcome(rnd.node_rank, Action.RESCHEDULE, Reason.STOPPED, "stopped by a signal",
-                                   node=self.judge.node)  # fmt: skip
-                await self.job.publish(rnd, left)
-                await self.job.finish(rnd, Action.RESCHEDULE, job_over=False)
+                left = NodeOutcome(job_gen.node_rank, Action.RESCHEDULE, Reason.STOPPED,
+                                   "stopped by a signal", node=self.judge.node)  # fmt: skip
+                await self.job.publish(job_gen, left)
+                await self.job.finish(job_gen, Action.RESCHEDULE, job_over=False)
         except JobOver as over:
             return over
         return None
 
-    async def _job_over(self, rnd: Round | None, over: JobOver) -> int:
+    async def _job_over(self, job_gen: JobGeneration | None, over: JobOver) -> int:
         """The job cannot go on with this node (the rendezvous ended, timed out, or is gone)."""
         self.events.emit("job_over", logging.WARNING, action=str(over.action), reason=str(over.reason),
                          detail=over.detail)  # fmt: skip
-        if rnd is not None and over.reason is not Reason.RENDEZVOUS_LOST:
-            await self.job.finish(rnd, over.action, job_over=False)
+        if job_gen is not None and over.reason is not Reason.RENDEZVOUS_LOST:
+            await self.job.finish(job_gen, over.action, job_over=False)
         if over.action is Action.CONTINUE:
             return EXIT_SUCCESS  # a spare let go: the job is done without it
         decision = Decision(over.action, over.reason, over.detail)
@@ -384,37 +381,36 @@ class Supervisor:
 
     async def _restart(
         self,
-        rnd: Round,
+        job_gen: JobGeneration,
         gen: Generation,
-        outcomes: list[NodeOutcome],
+        settled: Settlement,
         upcoming: asyncio.Task[Generation | None],
     ) -> Generation | int:
         """The job restarts: spend the budget if a failure did, then the next generation."""
-        if spends_budget(outcomes):
+        if settled.spends:
             self.judge.restarted()
-            counters = [o.node_rank for o in outcomes if o.reason is not Reason.NODE_LOST]
-            if self.job.multi and rnd.node_rank == min(counters, default=rnd.node_rank):
-                await self.job.count_restart()
+        if settled.records:
+            await self.job.count_restart()
         standby = await upcoming
         try:
             return standby or await self._launcher.prepare(gen.number + 1, standby=False)
         except OSError as exc:
-            return await self._cannot_spawn(rnd, gen.number + 1, exc)
+            return await self._cannot_spawn(job_gen, gen.number + 1, exc)
 
-    async def _cannot_spawn(self, rnd: Round, generation: int, exc: OSError) -> int:
+    async def _cannot_spawn(self, job_gen: JobGeneration, generation: int, exc: OSError) -> int:
         """This node cannot start ranks (their log files: a full or failing disk): run elsewhere."""
         self.events.emit("spawn_failed", logging.ERROR, generation=generation, error=f"{exc.strerror or exc}",
                          path=exc.filename)  # fmt: skip
         decision = Decision(Action.RESCHEDULE, Reason.SPAWN_FAILED,
                             f"generation {generation}'s ranks could not be started: {exc}")  # fmt: skip
         self.judge.adopt(decision, generation)
-        await self.job.finish(rnd, Action.RESCHEDULE, job_over=False)
+        await self.job.finish(job_gen, Action.RESCHEDULE, job_over=False)
         self.judge.report(decision, self.logger, self.rundir.root)
         return self.cfg.policy.exit_codes.of(Action.RESCHEDULE)
 
-    def _sync_budget(self, rnd: Round) -> None:
+    def _sync_budget(self, job_gen: JobGeneration) -> None:
         """A node that joined late takes on the restarts the job already spent."""
-        for _ in range(rnd.restarts_used - self.judge.budget.used):
+        for _ in range(job_gen.restarts_used - self.judge.budget.used):
             self.judge.restarted()
 
     async def _decide(
@@ -422,25 +418,27 @@ class Supervisor:
     ) -> Decision | None:
         """What follows the generation on this node; None when it simply succeeded."""
         requests = tuple(
-            WorkloadAsk(r.rank, str(r.action), r.reason)
+            WorkloadRequest(r.rank, str(r.action), r.reason)
             for r in self.monitor.requests
             if r.action != "continue"
         )
-        if gen.restart_requested and not report.unkillable:
-            return self.judge.operator_restart(gen)
-        if gen.verdict is GroupVerdict.SUCCEEDED and not requests:
+        end = GenerationEnd(
+            succeeded=gen.result is GroupResult.SUCCEEDED,
+            failed=gen.result is GroupResult.FAILED,
+            restart_requested=gen.restart_requested,
+            unkillable=report.unkillable,
+            requests=requests,
+            peer_news=None if news is None else news[0],
+            reported=any(self._reported(r) for r in gen.ranks.values()),
+        )
+        way = route(end)
+        if way is Route.SUCCEEDED:
             return None
-        if (
-            news is not None
-            and gen.verdict is not GroupVerdict.FAILED
-            # a rank that failed on its own in the same instant (its error file, its
-            # client's report) is judged: its evidence says more than the peer's news
-            and not any(self._reported(r) for r in gen.ranks.values())
-            and not report.unkillable
-            and not requests
-        ):
-            return self.judge.follow(gen, *news)
-        return await self.judge.judge(gen, self.monitor, report.unkillable, requests)
+        if way is Route.JUDGE:
+            return await self.judge.judge(gen, self.monitor, report.unkillable, requests)
+        detail = "" if news is None else news[1]
+        decision = without_evidence(way, end.peer_news, self.judge.budget, self.clock.monotonic(), detail)
+        return self.judge.without_evidence(gen.number, decision)
 
     def _on_hang(self, hang: Hang) -> None:
         gen = self._current

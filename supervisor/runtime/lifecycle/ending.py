@@ -15,12 +15,11 @@ from supervisor.core.topology import token_entry
 from supervisor.process.orphans import release_generation, sweep_generation
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller, TerminationReport, terminate
-from supervisor.runtime.lifecycle import gasp
-from supervisor.runtime.lifecycle import signals
 from supervisor.runtime.clock import Clock
-from supervisor.runtime.records.events import EventLog
+from supervisor.runtime.lifecycle import gasp, signals
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
+from supervisor.runtime.records.events import EventLog
 
 
 async def release(gen: Generation, events: EventLog, timeout: float) -> None:
@@ -94,7 +93,7 @@ class Ender:
         self._events.emit(
             "generation_ended",
             generation=gen.number,
-            verdict=str(gen.verdict),
+            result=str(gen.result),
             signalled=len(report.signalled),
             killed=len(report.killed),
             swept=report.swept or None,

@@ -18,9 +18,9 @@ import secrets
 
 from supervisor.process.spawn import RankProcess
 from supervisor.runtime.clock import Clock
-from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
+from supervisor.runtime.records.events import EventLog
 
 
 async def ask_to_save(

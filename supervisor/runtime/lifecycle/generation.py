@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from supervisor.core.states import GroupVerdict, RankState, group_verdict
+from supervisor.core.states import GroupResult, RankState, group_result
 from supervisor.core.topology import Topology
 from supervisor.core.types import ExitStatus, RankExit, signal_name
 from supervisor.core.watch import Hang
@@ -22,7 +22,7 @@ class Generation:
     A generation is prepared (its ranks spawned, possibly as standbys that
     preload while the previous generation trains), then started (every rank
     gets its go), then ended by the termination procedure. ``ended`` is set
-    once its verdict is decided: every rank succeeded, or one failed.
+    once its result is known: every rank succeeded, or one failed.
     """
 
     def __init__(
@@ -63,10 +63,10 @@ class Generation:
         self.exit_offsets: dict[int, Mapping[Path, int]] = {}
 
     @property
-    def verdict(self) -> GroupVerdict:
+    def result(self) -> GroupResult:
         if self.hangs or self.stuck or self.missed:  # stopped by us, but the generation failed
-            return GroupVerdict.FAILED
-        return group_verdict({lr: r.state for lr, r in self.ranks.items()})
+            return GroupResult.FAILED
+        return group_result({lr: r.state for lr, r in self.ranks.items()})
 
     def add(self, rank: RankProcess) -> None:
         """Add (or replace) the rank of a local rank slot; ``watch`` it next."""
@@ -173,5 +173,5 @@ class Generation:
         self._settle()
 
     def _settle(self) -> None:
-        if self.started and self.verdict is not GroupVerdict.RUNNING:
+        if self.started and self.result is not GroupResult.RUNNING:
             self.ended.set()

@@ -14,11 +14,11 @@ from typing import Any
 
 from supervisor.core.blame import Blame, blame
 from supervisor.core.watch import Hang
-from supervisor.runtime.lifecycle import aftermath
 from supervisor.runtime.clock import Clock
-from supervisor.runtime.records.events import EventLog
+from supervisor.runtime.lifecycle import aftermath
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
+from supervisor.runtime.records.events import EventLog
 
 
 def deadline_missed(gen: Generation, hang: Hang, *, failing: bool, clock: Clock, events: EventLog) -> None:

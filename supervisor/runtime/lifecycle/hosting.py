@@ -24,10 +24,10 @@ from supervisor.core.types import signal_name
 from supervisor.process.reaper import Reaper, become_subreaper
 from supervisor.process.terminate import Signaller
 from supervisor.runtime.lifecycle import signals
-from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
 from supervisor.runtime.lifecycle.reload import Reloader
+from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.services.sdnotify import SdNotify
 
 REAP_INTERVAL = 1.0

@@ -1,22 +1,24 @@
-"""A node's part in a job round, beyond its own ranks: what it heard from its
-peers, what it publishes, and whose decision it ends up following."""
+"""A node's part in a job-wide generation, beyond its own ranks: what it heard from its
+peers and what it publishes."""
 
 from __future__ import annotations
 
 import asyncio
 
-from supervisor.coord.job import JobOver, Round
+from supervisor.coord.job import JobGeneration, JobOver
 from supervisor.core.classify import Classification
 from supervisor.core.jobwide import NodeOutcome, PeerNews
-from supervisor.core.types import Action, Decision, Reason
+from supervisor.core.types import Action, Decision
 
 
-def own_outcome(rnd: Round, decision: Decision | None, c: Classification | None, node: str) -> NodeOutcome:
+def own_outcome(
+    job_gen: JobGeneration, decision: Decision | None, c: Classification | None, node: str
+) -> NodeOutcome:
     """This node's outcome of the round, as its peers will read it."""
     if decision is None:  # every rank of this node succeeded
-        return NodeOutcome(rnd.node_rank, Action.CONTINUE, node=node)
+        return NodeOutcome(job_gen.node_rank, Action.CONTINUE, node=node)
     return NodeOutcome(
-        rnd.node_rank,
+        job_gen.node_rank,
         decision.action,
         decision.reason,
         decision.detail,
@@ -39,11 +41,3 @@ def heard(watch: asyncio.Future[tuple[PeerNews, str]]) -> tuple[tuple[PeerNews, 
     if exc is not None:
         raise exc
     return watch.result(), None
-
-
-def adopted(action: Action, outcomes: list[NodeOutcome]) -> Decision:
-    """The decision of the node whose outcome decided this one's."""
-    by = next(o for o in outcomes if o.action is action)
-    return Decision(
-        action, Reason.PEER_FAILED, f"node {by.node_rank} ({by.node}) decided {action}: {by.detail}"
-    )

@@ -14,20 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.config.run import RunConfig
-from supervisor.core import jobwide
 from supervisor.core.classify import Classification
-from supervisor.core.evidence import Evidence, WorkloadAsk
-from supervisor.core.jobwide import PeerNews
+from supervisor.core.evidence import Evidence, WorkloadRequest
 from supervisor.core.policy import Budget, History, Past, decide
-from supervisor.core.types import Action, Decision, Reason
+from supervisor.core.types import Action, Decision
 from supervisor.hooks import PluginSettings
 from supervisor.hooks.registry import Problem, Registry
-from supervisor.runtime.lifecycle import aftermath
-from supervisor.runtime.records import reason as outcome
 from supervisor.runtime.clock import Clock
-from supervisor.runtime.records.events import EventLog
+from supervisor.runtime.lifecycle import aftermath
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
+from supervisor.runtime.records import reason as outcome
+from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.records.failure_text import render_failure
 
 
@@ -83,7 +81,7 @@ class Judge:
         gen: Generation,
         monitor: Monitor,
         unkillable: tuple[int, ...],
-        requests: tuple[WorkloadAsk, ...],
+        requests: tuple[WorkloadRequest, ...],
     ) -> Decision:
         failed, stopped = await aftermath.failures(gen, monitor)
         evidence = Evidence(
@@ -110,15 +108,6 @@ class Judge:
             self.plugins.decided(evidence, classification, decision)
         return decision
 
-    def operator_restart(self, gen: Generation) -> Decision:
-        decision = Decision(Action.RESTART, Reason.OPERATOR_REQUEST, "restart requested by an operator")
-        return self._without_evidence(gen.number, decision)
-
-    def follow(self, gen: Generation, news: PeerNews, detail: str) -> Decision:
-        """This node's ranks were healthy; news from a peer ended them."""
-        decision = jobwide.follow(news, self.budget, self._clock.monotonic(), detail)
-        return self._without_evidence(gen.number, decision)
-
     def adopt(self, decision: Decision, generation: int) -> None:
         """The job decided for this node (a peer's abort, a job-wide reschedule,
         a rendezvous that ended): keep this node's evidence, record the decision."""
@@ -127,7 +116,9 @@ class Judge:
         self.decision = decision
         self._emit(self.evidence, self.classification, decision)
 
-    def _without_evidence(self, generation: int, decision: Decision) -> Decision:
+    def without_evidence(self, generation: int, decision: Decision) -> Decision:
+        """Record a decision taken without this node's evidence (an operator's
+        restart, a peer's news)."""
         self.evidence = Evidence((), generation=generation, node=self.node)
         self.classification, self.decision = None, decision
         self._emit(self.evidence, None, decision)

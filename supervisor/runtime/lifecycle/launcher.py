@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from supervisor import log
+from supervisor.aio import first
 from supervisor.config.run import RunConfig
 from supervisor.core.states import RankState
 from supervisor.core.topology import (
@@ -32,12 +33,11 @@ from supervisor.process.orphans import off_loop, sweep_generation
 from supervisor.process.spawn import spawn_rank
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller, terminate
-from supervisor.aio import first
 from supervisor.runtime.clock import Clock
 from supervisor.runtime.lifecycle.ending import release
-from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
+from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.records.rundir import RunDir
 
 # Standbys preload at SCHED_IDLE where the ranks may leave it (the daemon's

@@ -16,12 +16,13 @@ from collections.abc import Mapping
 from dataclasses import fields, replace
 from typing import Any
 
-from supervisor.config.run import ft as ftconfig
-from supervisor.config.run import RunConfig
+from supervisor.config import ft as ftconfig
+from supervisor.config.errors import ConfigError
 from supervisor.config.ft import FtConfig
-from supervisor.runtime.services import status
-from supervisor.runtime.records.events import EventLog
+from supervisor.config.run import RunConfig
+from supervisor.runtime.lifecycle import status
 from supervisor.runtime.lifecycle.monitor import Monitor
+from supervisor.runtime.records.events import EventLog
 
 TIMEOUTS = frozenset(
     {
@@ -68,7 +69,7 @@ class Reloader:
         try:
             # off the loop: the worst file the reader accepts takes seconds to parse
             new = await asyncio.to_thread(ftconfig.load, h.ft_overrides, h.ft_environ, path)
-        except ftconfig.ConfigError as exc:
+        except ConfigError as exc:
             self._events.emit("reload_failed", logging.WARNING, path=str(path), error=str(exc))
             return
         except Exception as exc:  # a file is input: whatever it does, the run goes on

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from supervisor.coord.job import Round
+from supervisor.coord.job import JobGeneration
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
 
@@ -57,12 +57,12 @@ def dropped(monitor: Monitor | None, control_drops: dict[str, int]) -> dict[str,
     return counts
 
 
-def job(rnd: Round | None, nodes: list[dict[str, Any]]) -> dict[str, Any]:
+def job(job_gen: JobGeneration | None, nodes: list[dict[str, Any]]) -> dict[str, Any]:
     """This node's place in a multi-node job, and every node's last published state."""
     return {
-        "node_rank": None if rnd is None else rnd.node_rank,
-        "nnodes": None if rnd is None else rnd.nnodes,
-        "round": None if rnd is None else rnd.rdzv_round,
+        "node_rank": None if job_gen is None else job_gen.node_rank,
+        "nnodes": None if job_gen is None else job_gen.nnodes,
+        "round": None if job_gen is None else job_gen.rdzv_round,
         "nodes": nodes,
     }
 

@@ -32,9 +32,9 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from supervisor.config.metrics import MetricsConfig
 from supervisor.core.goodput import Ledger
 from supervisor.core.recovery import Recovery
-from supervisor.config.metrics import MetricsConfig
 from supervisor.runtime.records.events import EventLog
 
 if TYPE_CHECKING:

@@ -1,0 +1,106 @@
+"""What a node does once a generation has ended: the daemon's choices, as values.
+
+Two moments, two pure functions. When the generation's ranks are down,
+``route`` says which way the decision is taken: the generation simply
+succeeded, an operator asked for a restart, a peer's news ended healthy ranks
+(follow it), or this node's evidence must be judged (classify, then
+``policy.decide``). Once every node of the job has published its outcome,
+``settle`` says what the job does, whether the budget pays a restart, which
+node writes that down in the job's store, and the decision this node adopts
+when the job's outcome is not its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from supervisor.core.evidence import WorkloadRequest
+from supervisor.core.jobwide import NodeOutcome, PeerNews, follow, joint, spends_budget
+from supervisor.core.policy import Budget
+from supervisor.core.types import Action, Decision, Reason
+
+OPERATOR_RESTART = Decision(Action.RESTART, Reason.OPERATOR_REQUEST, "restart requested by an operator")
+
+
+class Route(StrEnum):
+    SUCCEEDED = "succeeded"  # every rank finished its work: nothing to decide
+    OPERATOR_RESTART = "operator_restart"  # `ft-supervisor restart`: no evidence to weigh
+    FOLLOW_PEER = "follow_peer"  # healthy ranks ended by a peer's news: the peer's node judges
+    JUDGE = "judge"  # this node's evidence decides
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationEnd:
+    """What happened to a generation on this node, as far as the route needs it."""
+
+    succeeded: bool  # every rank exited 0
+    failed: bool  # a rank failed on its own (not only stopped by us)
+    restart_requested: bool = False  # an operator's restart command
+    unkillable: tuple[int, ...] = ()  # ranks that survived SIGKILL
+    requests: tuple[WorkloadRequest, ...] = ()  # ranks' own requests (restart, reschedule, abort)
+    peer_news: PeerNews | None = None  # what a peer's daemon announced, if anything
+    reported: bool = False  # a rank reported its own failure (error file, client) as it went down
+
+
+def route(end: GenerationEnd) -> Route:
+    """Which way this node decides. First match wins, in this order:
+
+    an operator's restart (unless a rank cannot be killed: that needs judging);
+    success with nothing asked; a peer's news when nothing here failed, spoke up
+    or got stuck (a rank that failed on its own in the same instant says more
+    than the news); everything else is judged.
+    """
+    if end.restart_requested and not end.unkillable:
+        return Route.OPERATOR_RESTART
+    if end.succeeded and not end.requests:
+        return Route.SUCCEEDED
+    if (
+        end.peer_news is not None
+        and not end.failed
+        and not end.reported
+        and not end.unkillable
+        and not end.requests
+    ):
+        return Route.FOLLOW_PEER
+    return Route.JUDGE
+
+
+def without_evidence(
+    which: Route, news: PeerNews | None, budget: Budget, now: float, detail: str
+) -> Decision:
+    """The decision of a route that weighs no evidence of this node."""
+    if which is Route.OPERATOR_RESTART:
+        return OPERATOR_RESTART
+    if which is Route.FOLLOW_PEER and news is not None:
+        return follow(news, budget, now, detail)
+    raise ValueError(f"route {which} needs this node's evidence")
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    action: Action  # what the job does, the same on every node
+    spends: bool  # a restart that the job's --max-restarts pays for
+    records: bool  # this node writes the spent restart into the job's store (one node does)
+    adopted: Decision | None  # the job's decision for this node, when it is not this node's own
+
+
+def settle(own: NodeOutcome, outcomes: Sequence[NodeOutcome], *, multi: bool) -> Settlement:
+    """The job's answer to a round, from every node's outcome (this node's included)."""
+    action = joint(own, outcomes)
+    spends = action is Action.RESTART and spends_budget(outcomes)
+    counters = [o.node_rank for o in outcomes if o.reason is not Reason.NODE_LOST]
+    records = spends and multi and own.node_rank == min(counters, default=own.node_rank)
+    adopted = None
+    if action is not own.action and action is not Action.RESTART:
+        adopted = adopt(action, outcomes)
+    return Settlement(action, spends, records, adopted)
+
+
+def adopt(action: Action, outcomes: Sequence[NodeOutcome]) -> Decision:
+    """The decision of the node whose outcome decided this one's."""
+    by = next(o for o in outcomes if o.action is action)
+    return Decision(
+        action, Reason.PEER_FAILED, f"node {by.node_rank} ({by.node}) decided {action}: {by.detail}"
+    )

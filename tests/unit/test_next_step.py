@@ -1,0 +1,102 @@
+"""The daemon's choices after a generation, as pure functions: which way a node
+decides, and what the job does once every node has spoken."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.core.evidence import WorkloadRequest
+from supervisor.core.jobwide import NodeOutcome, PeerNews
+from supervisor.core.next_step import (
+    OPERATOR_RESTART,
+    GenerationEnd,
+    Route,
+    route,
+    settle,
+    without_evidence,
+)
+from supervisor.core.policy import Budget
+from supervisor.core.types import Action, Reason
+
+ASK = WorkloadRequest(0, "restart", "loss spiked")
+NEWS = PeerNews.ENDED
+
+
+@pytest.mark.parametrize(
+    ("end", "expected"),
+    [
+        (GenerationEnd(succeeded=True, failed=False), Route.SUCCEEDED),
+        (GenerationEnd(succeeded=True, failed=False, requests=(ASK,)), Route.JUDGE),
+        (GenerationEnd(succeeded=False, failed=True), Route.JUDGE),
+        # an operator's restart wins over whatever the ranks did ...
+        (GenerationEnd(succeeded=False, failed=True, restart_requested=True), Route.OPERATOR_RESTART),
+        (GenerationEnd(succeeded=True, failed=False, restart_requested=True), Route.OPERATOR_RESTART),
+        # ... unless a rank could not be killed: that is a node problem to judge
+        (GenerationEnd(succeeded=False, failed=False, restart_requested=True, unkillable=(1,)), Route.JUDGE),
+        # healthy ranks ended by a peer's news follow the peer
+        (GenerationEnd(succeeded=False, failed=False, peer_news=NEWS), Route.FOLLOW_PEER),
+        # but a rank that failed on its own, spoke up, asked or got stuck is judged here
+        (GenerationEnd(succeeded=False, failed=True, peer_news=NEWS), Route.JUDGE),
+        (GenerationEnd(succeeded=False, failed=False, peer_news=NEWS, reported=True), Route.JUDGE),
+        (GenerationEnd(succeeded=False, failed=False, peer_news=NEWS, requests=(ASK,)), Route.JUDGE),
+        (GenerationEnd(succeeded=False, failed=False, peer_news=NEWS, unkillable=(0,)), Route.JUDGE),
+    ],
+)
+def test_the_route_a_node_decides_by(end: GenerationEnd, expected: Route) -> None:
+    assert route(end) is expected
+
+
+def test_decisions_without_evidence() -> None:
+    budget = Budget(max_restarts=1)
+    assert without_evidence(Route.OPERATOR_RESTART, None, budget, 0.0, "") == OPERATOR_RESTART
+    followed = without_evidence(Route.FOLLOW_PEER, PeerNews.ENDED, budget, 0.0, "node 1 failed")
+    assert (followed.action, followed.detail) == (Action.RESTART, "node 1 failed")
+    spent = budget.spend(0.0)
+    lost = without_evidence(Route.FOLLOW_PEER, PeerNews.LOST, spent, 1.0, "node 1 is gone")
+    assert (lost.action, lost.reason) == (Action.RESCHEDULE, Reason.RESTARTS_EXHAUSTED)
+    with pytest.raises(ValueError, match="needs this node's evidence"):
+        without_evidence(Route.JUDGE, None, budget, 0.0, "")
+
+
+def _out(rank: int, action: Action, reason: Reason | None = None, *, peer: bool = False) -> NodeOutcome:
+    return NodeOutcome(rank, action, reason, f"node {rank}: {action}", node=f"host{rank}", peer=peer)
+
+
+def test_a_failure_restarts_the_job_spends_once_and_the_lowest_live_node_records_it() -> None:
+    outcomes = [
+        _out(0, Action.RESTART, Reason.PEER_FAILED),
+        _out(1, Action.RESTART, Reason.RANK_FAILED),
+    ]
+    for own in outcomes:
+        s = settle(own, outcomes, multi=True)
+        assert (s.action, s.spends, s.adopted) == (Action.RESTART, True, None)
+        assert s.records is (own.node_rank == 0)
+    alone = settle(outcomes[1], outcomes, multi=False)
+    assert alone.spends and not alone.records  # a single node keeps its budget itself
+
+
+def test_a_lost_node_does_not_record_and_free_reasons_spend_nothing() -> None:
+    outcomes = [
+        _out(0, Action.RESCHEDULE, Reason.NODE_LOST),
+        _out(1, Action.RESTART, Reason.RANK_FAILED),
+        _out(2, Action.RESTART, Reason.PEER_FAILED),
+    ]
+    assert settle(outcomes[1], outcomes, multi=True).records
+    joining = [_out(0, Action.RESTART, Reason.MEMBERSHIP), _out(1, Action.RESTART, Reason.MEMBERSHIP)]
+    assert not settle(joining[0], joining, multi=True).spends
+    # a peer-only failure (a reset connection) within a membership change is its consequence
+    reset = [
+        _out(0, Action.RESTART, Reason.MEMBERSHIP),
+        _out(1, Action.RESTART, Reason.RANK_FAILED, peer=True),
+    ]
+    assert not settle(reset[0], reset, multi=True).spends
+
+
+def test_a_node_adopts_the_decision_of_the_node_that_decided_the_job() -> None:
+    outcomes = [_out(0, Action.CONTINUE), _out(1, Action.ABORT, Reason.NOT_RETRYABLE)]
+    s = settle(outcomes[0], outcomes, multi=True)
+    assert s.action is Action.ABORT and not s.spends
+    assert s.adopted is not None
+    assert (s.adopted.action, s.adopted.reason) == (Action.ABORT, Reason.PEER_FAILED)
+    assert s.adopted.detail.startswith("node 1 (host1) decided abort")
+    assert settle(outcomes[1], outcomes, multi=True).adopted is None  # its own decision
