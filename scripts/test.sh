@@ -12,6 +12,13 @@ if [ -z "${CHROMIUM:-}" ] && ! command -v chromium >/dev/null && ! command -v ch
     { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq chromium; } \
         >/dev/null 2>&1 || echo "could not install chromium: the screenshot test will be skipped" >&2
 fi
+# the etcd-v2 rendezvous test runs a three-member etcd cluster (Debian's etcd-server 3.4
+# serves the v2 API with --enable-v2); without it that test is skipped
+if ! command -v etcd >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "installing etcd-server for the etcd-v2 rendezvous test" >&2
+    { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq etcd-server; } \
+        >/dev/null 2>&1 || echo "could not install etcd-server: the etcd test will be skipped" >&2
+fi
 if [ ! -x .tools/bin/tox ]; then
     python3 -m venv .tools
     .tools/bin/python -m pip install -q "tox>=4.11"

@@ -196,8 +196,12 @@ class RendezvousJob:
         """A store that fails (its host is gone) ends this node's part in the job."""
 
         def guarded() -> T:
+            from supervisor.coord.torchrdzv import RendezvousEnded  # noqa: PLC0415 - torch is loaded by now
+
             try:
                 return fn()
+            except RendezvousEnded as exc:  # a distributed store that kept failing
+                raise self._ended(exc.kind, str(exc)) from None
             except (RuntimeError, TimeoutError, OSError) as exc:
                 raise JobOver(
                     Action.RESCHEDULE,

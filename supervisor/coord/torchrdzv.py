@@ -14,8 +14,9 @@ import importlib
 import os
 import pickle
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]
 from torch.distributed.elastic.rendezvous import (
@@ -31,6 +32,8 @@ from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
 
 from supervisor.config.rendezvous import RdzvConfig
 
+T = TypeVar("T")
+
 OUR_PREFIX = "ft-supervisor"
 SHARE_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
@@ -45,6 +48,11 @@ SHARE_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 FAST_WINDOW = 5.0
 FAST_POLL = 0.1
 STORE_LOOKS = 500.0
+# etcd is a cluster: while it elects a leader (its old one died, or a member is slow on
+# a busy node) requests fail with "request timed out" for seconds, and then it serves
+# again. An error of the etcd client is retried for this long before the rendezvous
+# counts as lost. A c10d store is one process: its errors mean its host is gone.
+STORE_PATIENCE = 30.0
 _torch_delay = dyn._delay  # type: ignore[attr-defined]
 
 
@@ -72,6 +80,63 @@ class _Pace:
 
 _PACE = _Pace()
 dyn._delay = _PACE  # type: ignore[attr-defined]
+
+
+def transient(exc: BaseException) -> bool:
+    """An error a distributed store recovers from: its client's (python-etcd,
+    urllib3), or torch's wrapping of one (RendezvousConnectionError)."""
+    if isinstance(exc, RendezvousConnectionError):
+        return True
+    return type(exc).__module__.split(".")[0] in ("etcd", "urllib3")
+
+
+class Patience:
+    """Retries of transient store errors, within a bound, backing off to a second."""
+
+    def __init__(self, seconds: float, sleep: Any = time.sleep, clock: Any = time.monotonic) -> None:
+        self.seconds, self._sleep, self._clock = seconds, sleep, clock
+
+    def __call__(self, fn: Callable[[], T], what: str) -> T:
+        deadline = self._clock() + self.seconds
+        delay = 0.1
+        while True:
+            try:
+                return fn()
+            except Exception as exc:
+                if not transient(exc):
+                    raise
+                if self._clock() + delay > deadline:
+                    raise RendezvousEnded(
+                        "unreachable", f"{what}: the store kept failing for {self.seconds:g} s: {_why(exc)}"
+                    ) from None
+                self._sleep(delay)
+                delay = min(1.0, delay * 2)
+
+
+class PatientStore:
+    """The store operations the coordinator uses, each retried through ``patience``."""
+
+    def __init__(self, store: Store, patience: Patience) -> None:
+        self._store, self._patience = store, patience
+
+    def add(self, key: str, value: int) -> int:
+        return int(self._patience(lambda: self._store.add(key, value), f"add {key}"))
+
+    def get(self, key: str) -> bytes:
+        return bytes(self._patience(lambda: self._store.get(key), f"get {key}"))
+
+    def set(self, key: str, value: str) -> None:
+        self._patience(lambda: self._store.set(key, value), f"set {key}")
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self._patience(lambda: self._store.check(keys), "check"))
+
+
+def _why(exc: BaseException) -> str:
+    """The error and what caused it: torch wraps the store's own error ("The connection
+    to etcd has failed. See inner exception for details.")."""
+    cause = exc.__cause__ or exc.__context__
+    return f"{exc} ({type(cause).__name__}: {cause})" if cause is not None else str(exc)
 
 
 class RendezvousEnded(Exception):
@@ -104,7 +169,7 @@ class Joined:
     nnodes: int
     me: str
     members: dict[int, str]  # node rank -> node identity ("" for the static backend)
-    store: Store  # our keys for this round only
+    store: PatientStore  # our keys for this round only
     master_addr: str
     master_port: int
 
@@ -130,7 +195,8 @@ class TorchRendezvous:
         # store every generation anyway (see core.topology), so opt out.
         os.environ[SHARE_STORE_OPT_OUT] = "1"
         self._backend: Any = None
-        self._base: Store | None = None
+        self._base: PatientStore | None = None
+        self.patience = Patience(STORE_PATIENCE if cfg.backend == "etcd-v2" else 0.0)
         try:
             if cfg.backend == "static":
                 from torch.distributed.elastic.rendezvous import static_tcp_rendezvous  # noqa: PLC0415
@@ -141,7 +207,7 @@ class TorchRendezvous:
                 name = "c10d_rendezvous_backend" if cfg.backend == "c10d" else "etcd_rendezvous_backend"
                 module = importlib.import_module(f"torch.distributed.elastic.rendezvous.{name}")
                 self._backend, store = module.create_backend(self._params)
-                self._base = PrefixStore(f"{OUR_PREFIX}/{cfg.run_id}", store)
+                self._base = PatientStore(PrefixStore(f"{OUR_PREFIX}/{cfg.run_id}", store), self.patience)
                 self._handler = dyn.create_handler(store, self._backend, self._params)
         except ImportError as exc:
             raise RendezvousEnded(
@@ -153,7 +219,7 @@ class TorchRendezvous:
             ) from None
 
     @property
-    def base(self) -> Store:
+    def base(self) -> PatientStore:
         """Keys of the whole run (every round): node status, why the job ended."""
         if self._base is None:
             raise RendezvousEnded("unreachable", "the static rendezvous has not started yet")
@@ -168,7 +234,7 @@ class TorchRendezvous:
             if cached is not None:
                 holder._cache_duration = 0  # type: ignore[union-attr]
             try:
-                info = self._handler.next_rendezvous()
+                info = self._next_rendezvous()
             finally:
                 _PACE.end_round()
                 if cached is not None:
@@ -176,7 +242,7 @@ class TorchRendezvous:
             node_rank, nnodes = info.rank, info.world_size
             if self.cfg.backend == "static":
                 if self._base is None:
-                    self._base = PrefixStore(OUR_PREFIX, info.store)
+                    self._base = PatientStore(PrefixStore(OUR_PREFIX, info.store), self.patience)
                 number, members, me = generation, dict.fromkeys(range(nnodes), ""), ""
                 store = PrefixStore(f"{OUR_PREFIX}/g{generation}", info.store)
             else:
@@ -201,14 +267,29 @@ class TorchRendezvous:
                 f"{self.cfg.seconds('join_timeout')} s",
             ) from None
         except (RendezvousConnectionError, RendezvousError, RuntimeError, TimeoutError) as exc:
-            raise RendezvousEnded("unreachable", f"rendezvous at {self.cfg.endpoint} failed: {exc}") from None
-        return Joined(number, node_rank, nnodes, me, members, store, master.master_addr, master.master_port)
+            raise RendezvousEnded(
+                "unreachable", f"rendezvous at {self.cfg.endpoint} failed: {_why(exc)}"
+            ) from None
+        return Joined(number, node_rank, nnodes, me, members, PatientStore(store, self.patience),
+                      master.master_addr, master.master_port)  # fmt: skip
+
+    def _next_rendezvous(self) -> Any:
+        """Torch's next round; a transient store error (an etcd election) is retried
+        while the join timeout lasts: torch's handler keeps its place in the round."""
+        deadline = time.monotonic() + self.cfg.seconds("join_timeout")
+        while True:
+            try:
+                return self._handler.next_rendezvous()
+            except RendezvousConnectionError:
+                if self.patience.seconds <= 0 or time.monotonic() + 1.0 > deadline:
+                    raise
+                time.sleep(1.0)
 
     def snapshot(self) -> Snapshot | None:
         """The shared state now; None for the static backend (it has none)."""
         if self._backend is None:
             return None
-        got = self._backend.get_state()
+        got = self.patience(self._backend.get_state, "the rendezvous state")
         if got is None:
             return Snapshot(0, False, False, {}, frozenset(), frozenset(), {})
         state = pickle.loads(got[0])  # noqa: S301 - torch's own state, from torch's own store

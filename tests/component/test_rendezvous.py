@@ -113,3 +113,42 @@ def test_a_restart_round_looks_at_the_state_often_and_uncached_then_at_torchs_pa
     torchrdzv._PACE.start_round(100)
     assert torchrdzv._PACE.interval == pytest.approx(0.2)
     torchrdzv._PACE.end_round()
+
+
+class _EtcdLikeError(Exception):
+    """Stands for python-etcd's errors: what makes them transient is their module."""
+
+
+_EtcdLikeError.__module__ = "etcd"
+
+
+def test_patience_rides_out_a_transient_store_error_within_its_bound() -> None:
+    from supervisor.coord.torchrdzv import Patience, RendezvousEnded  # noqa: PLC0415
+
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    patience = Patience(5.0, sleep=sleep, clock=lambda: now[0])
+    failures = iter([_EtcdLikeError("etcdserver: request timed out")] * 3)
+
+    def flaky() -> int:
+        err = next(failures, None)
+        if err is not None:
+            raise err
+        return 7
+
+    assert patience(flaky, "add ended") == 7
+    assert slept == [0.1, 0.2, 0.4]  # backing off
+    with pytest.raises(RendezvousEnded, match="add ended: the store kept failing for 5 s"):
+        patience(lambda: (_ for _ in ()).throw(_EtcdLikeError("no leader")), "add ended")
+    assert now[0] <= 0.7 + 5.0
+    # a c10d store's error is its host gone: never retried
+    with pytest.raises(RuntimeError):
+        patience(lambda: (_ for _ in ()).throw(RuntimeError("Connection reset by peer")), "get")
+    impatient = Patience(0.0, sleep=sleep, clock=lambda: now[0])
+    with pytest.raises(RendezvousEnded):
+        impatient(lambda: (_ for _ in ()).throw(_EtcdLikeError("x")), "get")
