@@ -36,7 +36,7 @@ def _run(ns: argparse.Namespace) -> int:
         config = build_run_config(ns, os.environ)
     except ConfigError as exc:
         ns.command_parser.error(str(exc))  # one line naming the option; exits 2
-    from supervisor.runtime.lifecycle.daemon import run_daemon  # noqa: PLC0415 - keeps --help fast
+    from supervisor.runtime.lifecycle.start import run_daemon  # noqa: PLC0415 - keeps --help fast
 
     return run_daemon(config)
 

@@ -1,7 +1,9 @@
 """The daemon: launch generations, watch them, end them, decide, repeat.
 
 The loop gathers evidence (exits, hangs, stacks, error files, log tails) and
-applies the decisions ``supervisor.core.policy.decide`` returns. Signals and
+applies what the core returns: ``core.next_step.route`` says how a generation's end is
+decided, ``core.policy.decide`` judges this node's evidence, ``core.next_step.settle``
+turns every node's outcome into the job's action and what the budget pays. Signals and
 control requests arrive as commands on one queue. Every rank, whatever the
 reason, is ended by the one termination procedure in
 ``supervisor.process.terminate``.
@@ -12,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import resource
 import secrets
 import signal
 import time
@@ -33,11 +34,7 @@ from supervisor.core.jobwide import NodeOutcome, PeerNews
 from supervisor.core.learning import Learned
 from supervisor.core.next_step import GenerationEnd, Route, Settlement, route, settle, without_evidence
 from supervisor.core.states import GroupResult
-from supervisor.core.topology import (
-    ENV_NOFILE,
-    RunIdentity,
-    token_entry,
-)
+from supervisor.core.topology import RunIdentity, token_entry
 from supervisor.core.types import Action, Decision, Reason, signal_name
 from supervisor.core.watch import Hang
 from supervisor.process.evidence import error_file_time
@@ -46,7 +43,7 @@ from supervisor.process.spawn import RankProcess
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller, TerminationReport
 from supervisor.runtime.clock import Clock
-from supervisor.runtime.lifecycle import autoresume, closing, hangs, jobwide, signals, status
+from supervisor.runtime.lifecycle import closing, hangs, jobwide, signals, status
 from supervisor.runtime.lifecycle.ending import Ender
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.hosting import Hosting
@@ -539,50 +536,3 @@ class Supervisor:
             completed=self._completed,
             seconds=self.clock.monotonic() - self._started_at,
         )
-
-
-def _loop_factory() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop  # noqa: PLC0415
-    except ImportError:
-        return asyncio.new_event_loop()
-    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    return loop
-
-
-MAX_DESCRIPTORS = 4096  # the daemon's own open files: what bounds the connections it holds
-
-
-def _bound_descriptors() -> None:
-    """Every connection to an endpoint holds a descriptor and a few KiB: cap them by capping
-    the daemon's open files. Ranks get the original limit back (process/bootstrap.py)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft <= MAX_DESCRIPTORS:
-        return
-    os.environ[ENV_NOFILE] = str(soft)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_DESCRIPTORS, hard))
-
-
-def run_daemon(config: RunConfig) -> int:
-    _bound_descriptors()
-    console = log.Console()
-    console.start()
-    logger = log.setup(console, config.log_level)
-    try:
-        flag = config.finished_flag
-        if flag is not None and flag.exists():
-            logger.info("already_finished", extra={"fields": {"finished_flag": str(flag), "exit_code": 0}})
-            return EXIT_SUCCESS  # an auto-resume loop relaunched a run whose training is complete
-        autoresume.export(flag)
-        try:
-            rundir = RunDir.create(config.log_dir, config.run_id, os.getpid(), time.time())
-        except OSError as exc:
-            logger.error("cannot create the run directory under %s: %s", config.log_dir, exc)  # noqa: TRY400
-            return EXIT_USAGE
-        with asyncio.Runner(loop_factory=_loop_factory) as runner:
-            return runner.run(Supervisor(config, rundir, logger, console).run())
-    except Exception:
-        logger.exception("internal_error")
-        return EXIT_FAILED
-    finally:
-        console.close()
