@@ -8,6 +8,7 @@ classifiers read it; the policy decides from what they made of it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from supervisor.core.types import RankFailure
 
@@ -47,3 +48,29 @@ class Evidence:
     # progress from a crash loop
     progress: int | None = None
     saved: bool = False
+
+
+class Part(StrEnum):
+    """What an ended rank was in its generation's failure."""
+
+    FAILED = "failed"  # it failed on its own (or hung): a candidate for the root cause
+    STOPPED = "stopped"  # we stopped it and it did not end cleanly (Evidence.stopped)
+    BYSTANDER = "bystander"  # we stopped it and it exited 0: nothing to say
+
+
+def part_of(
+    state: str, *, exit_code: int | None, error_at: float | None, stop_wall: float | None, hung: bool
+) -> Part | None:
+    """A rank's part, from its final state (None unless it failed or was stopped).
+
+    A rank we stopped may have raised first (its error file written before we
+    signalled it) and been slow to exit while a peer failed because of it: the time
+    of its error file gives it away. The daemon and ``ft-supervisor classify`` both
+    judge by this rule.
+    """
+    if state not in ("failed", "stopped"):
+        return None
+    failed_first = error_at is not None and (stop_wall is None or error_at < stop_wall)
+    if state == "failed" or failed_first or hung:
+        return Part.FAILED
+    return Part.BYSTANDER if exit_code == 0 else Part.STOPPED

@@ -39,7 +39,7 @@ from typing import Any
 
 from supervisor.core.classify import Classification
 from supervisor.core.errorfile import order_failures
-from supervisor.core.evidence import Evidence, WorkloadRequest
+from supervisor.core.evidence import Evidence, Part, WorkloadRequest, part_of
 from supervisor.core.jobwide import FREE_REASONS, NodeOutcome, spends_budget
 from supervisor.core.policy import Budget, History, Past, Policy, decide
 from supervisor.core.types import Action, Decision, ExitStatus, RankExit, RankFailure, Reason
@@ -181,11 +181,10 @@ def _failure(run: RunLog, g: GenerationLog, local: int, exited: Event) -> tuple[
     rank_dir = run.run_dir / f"gen_{g.number}" / f"local_rank_{local}"
     error, error_at = read_error_file_now(rank_dir / "error.json")
     hang, hang_at = _hang(g.hangs.get(local), g.deadline_wall)
-    stop = g.stop_wall
-    failed_first = error_at is not None and (stop is None or error_at < stop)
-    failed = state == "failed" or failed_first or hang is not None
-    if not failed and _status(exited).code == 0:
-        return None  # it finished cleanly as we stopped it: a bystander
+    part = part_of(str(state), exit_code=_status(exited).code, error_at=error_at, stop_wall=g.stop_wall,
+                   hung=hang is not None)  # fmt: skip
+    if part is None or part is Part.BYSTANDER:
+        return None
     pid = exited.get("pid")
     exit = RankExit(
         local, rank, pid if isinstance(pid, int) else 0, _status(exited),
@@ -198,7 +197,7 @@ def _failure(run: RunLog, g: GenerationLog, local: int, exited: Event) -> tuple[
         log_tail=read_tail(rank_dir / "stderr.log", end=_bytes(exited, "stderr")),
         hang=hang, hang_at=hang_at, notable=_notable(rank_dir, exited), progressed=progressed,
         after_exit=_after_exit(rank_dir, exited),
-    ), failed  # fmt: skip
+    ), part is Part.FAILED  # fmt: skip
 
 
 def _progress(g: GenerationLog, best: int | None) -> tuple[int | None, int | None]:

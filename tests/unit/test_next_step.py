@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.core.evidence import WorkloadRequest
+from supervisor.core.evidence import Part, WorkloadRequest, part_of
 from supervisor.core.jobwide import NodeOutcome, PeerNews
 from supervisor.core.next_step import (
     OPERATOR_RESTART,
@@ -100,3 +100,23 @@ def test_a_node_adopts_the_decision_of_the_node_that_decided_the_job() -> None:
     assert (s.adopted.action, s.adopted.reason) == (Action.ABORT, Reason.PEER_FAILED)
     assert s.adopted.detail.startswith("node 1 (host1) decided abort")
     assert settle(outcomes[1], outcomes, multi=True).adopted is None  # its own decision
+
+
+@pytest.mark.parametrize(
+    ("state", "code", "error_at", "hung", "expected"),
+    [
+        ("running", None, None, False, None),
+        ("succeeded", 0, None, False, None),
+        ("failed", 1, None, False, Part.FAILED),
+        ("stopped", 0, None, False, Part.BYSTANDER),  # exited cleanly as we stopped it
+        ("stopped", -15, None, False, Part.STOPPED),  # did not end cleanly: Evidence.stopped
+        ("stopped", -15, 9.0, False, Part.FAILED),  # raised before we signalled it
+        ("stopped", -15, 11.0, False, Part.STOPPED),  # ... after: the stop's consequence
+        ("stopped", -9, None, True, Part.FAILED),  # hung
+    ],
+)
+def test_the_part_a_rank_played_in_its_generations_failure(
+    state: str, code: int | None, error_at: float | None, hung: bool, expected: Part | None
+) -> None:
+    """One rule for the daemon and for `ft-supervisor classify` (it was written twice)."""
+    assert part_of(state, exit_code=code, error_at=error_at, stop_wall=10.0, hung=hung) is expected

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from supervisor.core.blame import Suspect
 from supervisor.core.errorfile import order_failures
+from supervisor.core.evidence import Part, part_of
 from supervisor.core.stacks import Reading, Where, read
 from supervisor.core.states import RankState
 from supervisor.core.types import RankFailure
@@ -107,14 +108,12 @@ async def failures(
         files = gen.ranks[lr].files
         found = await failure_evidence(exit, files, gen.exit_offsets.get(lr, {}).get(files.stderr))
         hang, hang_at = gen.hangs.get(lr, (None, None))
-        failed_first = found.error_at is not None and (
-            gen.stop_wall is None or found.error_at < gen.stop_wall
-        )
-        failed = state is RankState.FAILED or failed_first or hang is not None
-        if not failed and exit.status.code == 0:
-            continue  # it finished cleanly as we stopped it: a bystander
+        part = part_of(state, exit_code=exit.status.code, error_at=found.error_at, stop_wall=gen.stop_wall,
+                       hung=hang is not None)  # fmt: skip
+        if part is None or part is Part.BYSTANDER:
+            continue
         rank = exit.rank
-        (found_all if failed else stopped).append(
+        (found_all if part is Part.FAILED else stopped).append(
             replace(
                 found,
                 hang=hang,
