@@ -94,11 +94,12 @@ class Supervisor:
         self._tasks: set[asyncio.Task[None]] = set()
         self._state_path = statefile.path_in(config.state_dir)
 
-    async def run(self) -> int:
+        # the collaborators: built here, inside the running loop (see start.py), in the
+        # order they depend on each other
         self.events = EventLog(self.rundir.events, self.logger, self.clock, run_id=self.cfg.run_id)
         self.endpoints = Endpoints.create(os.getpid())
-        context = zmq.asyncio.Context()
-        sockets = bind(context, self.endpoints)
+        self._context = zmq.asyncio.Context()
+        self._sockets = sockets = bind(self._context, self.endpoints)
         self.publisher = Publisher(sockets.events)
         self.events.publish = self.publisher.publish
         self.loop_watch = LoopWatch(self.clock, self.events)
@@ -112,8 +113,8 @@ class Supervisor:
             if self.cfg.rdzv is None
             else RendezvousJob(self.cfg.rdzv, self.cfg.master_port, self.events)
         )
-        control = ControlServer(sockets.control, self._control, self.events, self.clock)
-        self._control_drops = control.drops
+        self._control_server = ControlServer(sockets.control, self._control, self.events, self.clock)
+        self._control_drops = self._control_server.drops
         self.checkpoints = CheckpointSync(self.cfg.checkpoint, self.events)  # a no-op without the options
         self.ident = RunIdentity(
             run_id=self.cfg.run_id,
@@ -140,6 +141,9 @@ class Supervisor:
         self._ender = Ender(self.cfg, monitor=self.monitor, events=self.events, clock=self.clock,
                             follower=self._follower, signaller=self._signaller, force=self._force,
                             token=self.token, persist=self._persist)  # fmt: skip
+        self._tg: asyncio.TaskGroup | None = None
+
+    async def run(self) -> int:
         guard = await OrphanGuard.start(token_entry(self.token))
         hosting = self.cfg.hosting
         handled = signals.install(self._commands, self.cfg.stop_signals, hosting.reload_signals,
@@ -159,7 +163,7 @@ class Supervisor:
                     tg.create_task(self.monitor.run()),
                     tg.create_task(self.loop_watch.run()),
                     tg.create_task(self.publisher.run()),
-                    tg.create_task(control.run()),
+                    tg.create_task(self._control_server.run()),
                     tg.create_task(self.checkpoints.run()),  # the copy-back, then a sync every period
                     tg.create_task(self.hosting.run(guard.pid)),
                     tg.create_task(refresh_metrics(self.metrics, self._status)),
@@ -178,8 +182,8 @@ class Supervisor:
             await guard.close()
             self._finish(code)
             close_metrics(self.metrics)
-            sockets.close()
-            context.term()
+            self._sockets.close()
+            self._context.term()
             self.endpoints.remove()
         return code
 
@@ -270,7 +274,8 @@ class Supervisor:
         job.note("running", generation=gen.number, node_rank=job_gen.node_rank, nnodes=job_gen.nnodes,
                  ranks=len(gen.ranks))  # fmt: skip
         await launcher.launch(gen, job_gen.master_addr, job_gen.master_port)
-        upcoming = self._tg.create_task(launcher.prepare_standby(gen, self.judge.remaining(), self._stopping))
+        standby = launcher.prepare_standby(gen, self.judge.remaining(), self._stopping)
+        upcoming = self._group().create_task(standby)
         watch = asyncio.ensure_future(job.watch(job_gen))
         await first(gen.ended.wait(), self._stopping.wait(), watch)
         news, over = jobwide.heard(watch)
@@ -519,8 +524,12 @@ class Supervisor:
     def _reported(self, rank: RankProcess) -> bool:
         return rank.slot.rank in self.monitor.exceptions or error_file_time(rank.files.error_file) is not None
 
+    def _group(self) -> asyncio.TaskGroup:
+        assert self._tg is not None, "run() first"
+        return self._tg
+
     def _start_task(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = self._tg.create_task(coro, name=name)
+        task = self._group().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -4,6 +4,7 @@ Supervisor until the run ends. Whatever escapes is the daemon's own failure (exi
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import resource
 import time
@@ -55,9 +56,14 @@ def run_daemon(config: RunConfig) -> int:
             logger.error("cannot create the run directory under %s: %s", config.log_dir, exc)  # noqa: TRY400
             return EXIT_USAGE
         with asyncio.Runner(loop_factory=_loop_factory) as runner:
-            return runner.run(Supervisor(config, rundir, logger, console).run())
+            return runner.run(_supervise(config, rundir, logger, console))
     except Exception:
         logger.exception("internal_error")
         return EXIT_FAILED
     finally:
         console.close()
+
+
+async def _supervise(config: RunConfig, rundir: RunDir, logger: logging.Logger, console: log.Console) -> int:
+    # built inside the running loop: its collaborators bind sockets and make tasks' events
+    return await Supervisor(config, rundir, logger, console).run()
