@@ -45,6 +45,15 @@ def no_leaked_processes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         pytest.fail("leaked processes:\n" + "\n".join(described))
 
 
+@pytest.fixture(autouse=True)
+def node_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's own node state ($XDG_STATE_HOME): a health ledger a test leaves
+    (a hardware-looking failure) never reaches the next test, or the machine's."""
+    state = tmp_path_factory.mktemp("xdg-state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    return state
+
+
 @pytest.fixture
 def daemons(tmp_path: Path) -> Iterator[list[Daemon]]:
     """Daemons started by a test; any still running at the end is killed.

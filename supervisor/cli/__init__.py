@@ -1,4 +1,4 @@
-"""The command line: ``ft-supervisor run|status|events|stop|restart|classify|plugins|report``.
+"""The command line: ``ft-supervisor run|status|events|stop|restart|classify|plugins|report|node``.
 
 Each command lives in its own module here; the options of ``run`` and their
 validation live in supervisor.config.
@@ -61,12 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # each command imports what it needs when it runs: `run --help` stays fast
-    from supervisor.cli import classify, control, report, run  # noqa: PLC0415
+    from supervisor.cli import classify, control, node, report, run  # noqa: PLC0415
 
     run.add_command(sub)
     control.add_commands(sub)
     classify.add_commands(sub)
     report.add_commands(sub)
+    node.add_commands(sub)
     return parser
 
 

@@ -26,7 +26,9 @@ def add_command(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("training_script", metavar="SCRIPT", help="the training program (or module with -m)")
     p.add_argument("training_script_args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments")
     hidden = hide_the_rest(p)
-    p.epilog = f"{hidden} more options (hang detection, policy, service, checkpoint sync): --help-all"
+    p.epilog = (
+        f"{hidden} more options (hang detection, policy, service, checkpoint sync, node health): --help-all"
+    )
     p.set_defaults(handler=_run, command_parser=p)
     return p
 

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from supervisor.config import checkpoints, ft, hosting, metrics, policy
+from supervisor.config import checkpoints, ft, health, hosting, metrics, policy
 from supervisor.config.errors import ConfigError
 from supervisor.config.options import FINISHED_FLAG_ENV
 from supervisor.config.rendezvous import RdzvConfig, parse_conf
@@ -173,6 +173,7 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         metrics=metrics_config,
         hosting=hosting_config,
         checkpoint=checkpoint,
+        health=health.from_namespace(ns, environ),
     )
 
 

@@ -57,8 +57,6 @@ DEFAULT_FINAL_TIMEOUT = 300.0
 DEFAULT_RESTORE_TIMEOUT = 600.0
 
 
-
-
 @dataclass(frozen=True, slots=True)
 class CheckpointConfig:
     path: Path  # LOCAL, absolute

@@ -40,8 +40,6 @@ MAX_DEPTH = 64
 Kind = Literal["yaml", "toml"]
 
 
-
-
 def read(path: Path, kind: Kind) -> object:
     """The document in ``path``: plain dicts, lists and scalars, a tree at most
     ``MAX_DEPTH`` deep."""

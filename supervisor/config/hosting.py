@@ -34,8 +34,6 @@ DEFAULT_FORWARD = "SIGUSR2,SIGWINCH"
 FORWARD_ENV = "FT_SUPERVISOR_FORWARD_SIGNALS"
 
 
-
-
 class StoreGiven(argparse.Action):
     """Store the value and remember that the command line gave it (``<dest>_given``):
     a default cannot tell "not given" from "given the default value"."""

@@ -23,8 +23,6 @@ LOOPBACK = "127.0.0.1"
 EXTRA_HINT = "pip install 'ft-supervisor[metrics]'"
 
 
-
-
 @dataclass(frozen=True, slots=True)
 class MetricsConfig:
     port: int | None = None  # None: no endpoint; 0: any free port (the metrics_serving event says which)

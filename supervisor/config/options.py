@@ -10,7 +10,7 @@ import argparse
 import os
 from typing import Any
 
-from supervisor.config import checkpoints, ft, hosting, metrics, policy
+from supervisor.config import checkpoints, ft, health, hosting, metrics, policy
 from supervisor.config.run import DEFAULT_SIGNALS
 
 FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"  # nvidia-resiliency-ext's auto-resume contract
@@ -23,7 +23,7 @@ ESSENTIAL = frozenset(
         "max_restarts", "module", "log_dir", "master_addr", "master_port",
         "ft_cfg_path", "ft_rank_heartbeat_timeout", "ft_rank_section_timeouts",
         "policy_preset", "rules", "reschedule_exit_code", "abort_exit_code",
-        "checkpoint_path", "checkpoint_url", "metrics_port", "no_standby", "log_level",
+        "checkpoint_path", "checkpoint_url", "metrics_port", "no_standby", "log_level", "node_quarantine",
         "training_script", "training_script_args", "help", "help_all",
     }
 )  # fmt: skip
@@ -150,6 +150,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     metrics.add_options(p.add_argument_group("metrics: an optional Prometheus endpoint"))
     hosting.add_options(p.add_argument_group("service: systemd, container entrypoint"))
     checkpoints.add_options(p.add_argument_group("checkpoint sync: LOCAL to DEST, copy-back at start"))
+    health.add_options(p.add_argument_group("node health: a ledger across runs, and quarantine"))
 
 
 def add_supervisor_options(f: Any) -> None:

@@ -32,8 +32,6 @@ STR_KEYS = ("store_type", "protocol", "ssl_cert", "ssl_cert_key", "ca_cert")
 _TRUE, _FALSE = ("1", "true", "t", "yes", "y"), ("0", "false", "f", "no", "n")
 
 
-
-
 def parse_conf(value: str) -> dict[str, str]:
     """``--rdzv-conf join_timeout=60,is_host=1``: every key known, every value well formed."""
     conf: dict[str, str] = {}

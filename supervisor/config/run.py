@@ -18,6 +18,7 @@ from pathlib import Path
 from supervisor.config.checkpoints import CheckpointConfig
 from supervisor.config.errors import ConfigError
 from supervisor.config.ft import FtConfig
+from supervisor.config.health import HealthConfig
 from supervisor.config.hosting import HostingConfig
 from supervisor.config.metrics import MetricsConfig
 from supervisor.config.policy import PolicyConfig
@@ -168,6 +169,7 @@ class RunConfig:
     hosting: HostingConfig = field(default_factory=HostingConfig)  # reload, forwarded signals
     metrics: MetricsConfig = field(default_factory=MetricsConfig)  # off unless --metrics-port
     checkpoint: CheckpointConfig | None = None  # None: no checkpoint sync
+    health: HealthConfig = field(default_factory=HealthConfig)  # the node's ledger across runs
 
     def console_streams(self, local_rank: int) -> tuple[int, ...]:
         """Streams of a local rank shown on the console (torchrun's rules)."""

@@ -52,6 +52,7 @@ from supervisor.runtime.lifecycle.launcher import Launcher
 from supervisor.runtime.lifecycle.monitor import Monitor
 from supervisor.runtime.records import statefile
 from supervisor.runtime.records.events import EventLog
+from supervisor.runtime.records.health import NodeHealth
 from supervisor.runtime.records.rundir import RunDir
 from supervisor.runtime.services.control import ControlServer
 from supervisor.runtime.services.loopwatch import LoopWatch
@@ -105,6 +106,7 @@ class Supervisor:
         self.loop_watch = LoopWatch(self.clock, self.events)
         self.monitor = self._make_monitor(sockets)
         self.judge = Judge(self.cfg, self.events, self.clock)
+        self.health = NodeHealth(self.cfg.health, self.events, self.clock, self.cfg.run_id)
         self.hosting = Hosting(self.cfg, self.events, self.monitor, self.logger, self._signaller)
         self.metrics = start_metrics(self.cfg.metrics, self.events, run_id=self.cfg.run_id,
                                      node=self.judge.node, wall=self.clock.wall)  # fmt: skip
@@ -169,7 +171,8 @@ class Supervisor:
                     tg.create_task(refresh_metrics(self.metrics, self._status)),
                 ]
                 try:
-                    code = await self._supervise()
+                    refused = self._refused_at_start()
+                    code = refused if refused is not None else await self._supervise()
                 finally:
                     # watchers of ranks that outlived SIGKILL would wait forever
                     for task in [*background, *self._tasks]:
@@ -305,6 +308,8 @@ class Supervisor:
             await launcher.discard(upcoming)
             return await self._job_over(job_gen, over) if over is not None else self._stopped_code()
         decision = await self._decide(gen, report, news)
+        if decision is not None:
+            decision = self._mark_health(decision, gen.number)
         own = jobwide.own_outcome(job_gen, decision, self.judge.classification, self.judge.node)
         try:
             outcomes = await self._unless_stopped(job.agree(job_gen, own))
@@ -441,6 +446,25 @@ class Supervisor:
         detail = "" if news is None else news[1]
         decision = without_evidence(way, end.peer_news, self.judge.budget, self.clock.monotonic(), detail)
         return self.judge.without_evidence(gen.number, decision)
+
+    def _refused_at_start(self) -> int | None:
+        """A quarantined node starts no rank of this run: its exit code, or None."""
+        refused = self.health.at_start()
+        if refused is None:
+            return None
+        self.judge.adopt(refused, 0)
+        self.judge.report(refused, self.logger, self.rundir.root)
+        return self.cfg.policy.exit_codes.of(refused.action)
+
+    def _mark_health(self, decision: Decision, generation: int) -> Decision:
+        """The node's ledger records a hardware-looking failure; one too many, and a
+        restart becomes this node's leaving (--node-quarantine)."""
+        c = self.judge.classification
+        nature, rule = (None, None) if c is None else (c.nature, c.rule)
+        screened = self.health.after(decision, nature, rule, generation)
+        if screened is not decision:
+            self.judge.adopt(screened, generation)
+        return screened
 
     def _on_hang(self, hang: Hang) -> None:
         gen = self._current
