@@ -220,6 +220,7 @@ def evidence_of(run: RunLog, g: GenerationLog, progress: int | None) -> Evidence
     return Evidence(
         failures=tuple(order_failures(found)), stopped=tuple(order_failures(stopped)),
         unkillable=g.unkillable, requests=requests, generation=g.number, progress=progress, saved=g.saved,
+        dmesg=g.dmesg,
     )  # fmt: skip
 
 

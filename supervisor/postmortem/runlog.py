@@ -18,6 +18,7 @@ import orjson
 
 from supervisor.core.policy import Policy
 
+KERNEL_LINES = 200  # as many as the daemon gives one failure
 EVENTS = "events.jsonl"
 LINE_LIMIT = 16 << 20  # an event line is small; a stacks_dumped one can be long, never this long
 
@@ -44,6 +45,7 @@ class GenerationLog:
     decisions: list[Event] = field(default_factory=list)
     job_decision: Event | None = None
     multi: bool = False  # a rendezvous round: several nodes
+    dmesg: tuple[str, ...] = ()  # the kernel's lines the daemon judged with
 
     def local(self, rank: int) -> int:
         return self.local_of.get(rank, rank)
@@ -155,6 +157,8 @@ def _generation_event(run: RunLog, g: GenerationLog, name: str, e: Event) -> Non
         run.decisions.append(e)
     elif name == "job_decision":
         g.job_decision = e
+    elif name == "kernel_lines" and isinstance(e.get("lines"), list):
+        g.dmesg = tuple(str(line) for line in e["lines"][:KERNEL_LINES])
 
 
 def _add(run: RunLog, e: Event) -> None:

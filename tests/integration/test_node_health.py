@@ -6,9 +6,11 @@ the ledger. Real daemons, real rank processes (torch-free: the ledger is the poi
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +88,35 @@ def test_a_restart_that_crosses_the_threshold_sends_the_node_away(start, tmp_pat
     assert q["when"] == "restart"
     assert _reason(second)["decision"]["reason"] == "node_quarantined"
     assert [e["generation"] for e in second.events("generation_started")] == [0]
+
+
+def test_an_xid_in_the_kernel_log_during_the_run_decides_the_failure(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The rank's own exit says nothing (exit 3); the kernel logged Xid 79 (the GPU
+    fell off the bus) while it ran: read live, it makes the failure a hardware one
+    (reschedule) and leaves its mark in the ledger. The kernel log is a FIFO here
+    (FT_SUPERVISOR_KMSG), one record per write as /dev/kmsg hands them out: an Xid
+    written to the real /dev/kmsg would reach every test running beside this one."""
+    kmsg = tmp_path / "kmsg"
+    os.mkfifo(kmsg)
+    held = os.open(kmsg, os.O_RDWR | os.O_NONBLOCK)  # the daemon never reads an end of file
+    try:
+        gate = tmp_path / "gate"
+        gate.mkdir()
+        env = {**os.environ, "FT_SUPERVISOR_KMSG": str(kmsg)}
+        d = start("--nproc-per-node", "2", "--preload", "none", "--no-standby", "--max-restarts", "3",
+                  "--node-state-dir", str(tmp_path / "node-state"),
+                  GATED, "--fail-in", "0", "--gate", str(gate), env=env)  # fmt: skip
+        d.wait_event("generation_started", 60)
+        micros = int(time.monotonic() * 1e6)
+        xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
+        os.write(held, f"3,9001,{micros},-;{xid}\n".encode())
+        (gate / "go-0").touch()
+        assert d.wait(60) == RESCHEDULE, d.story()
+    finally:
+        os.close(held)
+    (decision,) = d.events("decision")
+    assert (decision["action"], decision["rule"]) == ("reschedule", "H1"), d.story()
+    assert any("Xid" in line for line in decision["lines"])
+    (kernel,) = d.events("kernel_lines")
+    assert kernel["lines"] == ["NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."]
+    assert [e["rule"] for e in d.events("node_health_marked")] == ["H1"]

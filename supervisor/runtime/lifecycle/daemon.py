@@ -55,6 +55,7 @@ from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.records.health import NodeHealth
 from supervisor.runtime.records.rundir import RunDir
 from supervisor.runtime.services.control import ControlServer
+from supervisor.runtime.services.kernellog import KernelLog
 from supervisor.runtime.services.loopwatch import LoopWatch
 from supervisor.runtime.services.metrics import close_metrics, refresh_metrics, start_metrics
 from supervisor.runtime.services.publisher import Publisher
@@ -65,6 +66,7 @@ EXIT_FAILED = 1  # the daemon's own failure (an internal error)
 EXIT_USAGE = 2
 T = TypeVar("T")
 TAIL_INTERVAL = 0.05
+KERNEL_SLACK = 1.0  # seconds before a generation's start whose kernel lines are its evidence too
 
 
 class Supervisor:
@@ -107,6 +109,7 @@ class Supervisor:
         self.monitor = self._make_monitor(sockets)
         self.judge = Judge(self.cfg, self.events, self.clock)
         self.health = NodeHealth(self.cfg.health, self.events, self.clock, self.cfg.run_id)
+        self.kernel = KernelLog(self.events)
         self.hosting = Hosting(self.cfg, self.events, self.monitor, self.logger, self._signaller)
         self.metrics = start_metrics(self.cfg.metrics, self.events, run_id=self.cfg.run_id,
                                      node=self.judge.node, wall=self.clock.wall)  # fmt: skip
@@ -155,6 +158,7 @@ class Supervisor:
         )
         self._announce()
         self.judge.announce()
+        self.kernel.start()
         code = EXIT_FAILED
         try:
             async with asyncio.TaskGroup() as tg:
@@ -185,6 +189,7 @@ class Supervisor:
             await guard.close()
             self._finish(code)
             close_metrics(self.metrics)
+            self.kernel.close()
             self._sockets.close()
             self._context.term()
             self.endpoints.remove()
@@ -442,7 +447,10 @@ class Supervisor:
         if way is Route.SUCCEEDED:
             return None
         if way is Route.JUDGE:
-            return await self.judge.judge(gen, self.monitor, report.unkillable, requests)
+            kernel = self.kernel.since(gen.started_at - KERNEL_SLACK) if gen.started else ()
+            if kernel:  # for ft-supervisor classify, which judges the run again
+                self.events.emit("kernel_lines", generation=gen.number, lines=list(kernel), quiet=("lines",))
+            return await self.judge.judge(gen, self.monitor, report.unkillable, requests, dmesg=kernel)
         detail = "" if news is None else news[1]
         decision = without_evidence(way, end.peer_news, self.judge.budget, self.clock.monotonic(), detail)
         return self.judge.without_evidence(gen.number, decision)

@@ -82,9 +82,11 @@ class Judge:
         monitor: Monitor,
         unkillable: tuple[int, ...],
         requests: tuple[WorkloadRequest, ...],
+        dmesg: tuple[str, ...] = (),
     ) -> Decision:
         failed, stopped = await aftermath.failures(gen, monitor)
         evidence = Evidence(
+            dmesg=dmesg,
             failures=failed,
             stopped=stopped,
             unkillable=unkillable,
