@@ -279,6 +279,7 @@ def test_a_rank_stuck_in_the_kernel_ends_the_run_without_wedging(start: Start, t
         trap.release()
 
 
+@pytest.mark.slow
 def test_standbys_say_when_they_are_ready_and_status_shows_it(start: Start) -> None:
     # issue 13: nothing said whether the standbys were ready; generation_started said
     # standby_ranks=2 either way
@@ -314,6 +315,7 @@ def _footprint(daemon: int) -> dict[str, int]:
     }
 
 
+@pytest.mark.slow
 def test_twenty_consecutive_crash_restart_cycles(start: Start, tmp_path: Path) -> None:
     """Twenty crash/restart cycles in a row, each through a released standby, and no
     leak: once generation 0 is behind, the daemon holds no more fds or threads, no

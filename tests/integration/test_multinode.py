@@ -23,7 +23,7 @@ import pytest
 from supervisor.process.ports import free_port
 from tests.support import RANKS, TRAIN, Daemon, wait_until
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 Start = Callable[..., Daemon]
 KEEP_ALIVE = 1  # seconds; torch calls a node dead after KEEP_ALIVE * ATTEMPTS without one
 ATTEMPTS = 3
