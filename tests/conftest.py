@@ -13,11 +13,12 @@ from supervisor.process.sentinel import kill_all, pids_with_env
 from tests.support import LEAK_KEY, Daemon, wait_until
 
 # pytest-xdist workers when the command line names none. The tests mostly wait on
-# subprocesses, but those import torch, which is CPU heavy: on CI's 2 cores, 2 workers
-# were measured best (see the commit that chose it). -n N picks another count; -n 0 or
-# -p no:xdist runs everything in this one process. Set here and not in addopts, where
-# -n would be an unknown option once -p no:xdist has removed the plugin.
-WORKERS = 2
+# subprocesses, but those import torch, which is CPU heavy: on CI's 2 cores 3 workers
+# were measured best (serial 11.5 min, -n 2 6.4, -n 3 5.6, -n 4 7.6, all beside another
+# suite on the same cores). -n N picks another count; -n 0 or -p no:xdist runs
+# everything in this one process. Set here and not in addopts, where -n would be an
+# unknown option once -p no:xdist has removed the plugin.
+WORKERS = 3
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns -n into workers
