@@ -393,7 +393,13 @@ def soak(duration: float, seed: int, out: Path) -> int:
         threads: list[threading.Thread] = []
         cgroup, token = None, None
         try:
-            _wait(lambda: _stepping(milestones, 0), 120, "generation 0 to step")
+            def stepping() -> bool:
+                if proc.poll() is not None:  # no point waiting out the 120 s: say why at once
+                    raise RuntimeError(f"the daemon exited ({proc.returncode}) before generation 0 stepped:\n"
+                                       + (out / "daemon.stderr").read_text(errors="replace")[-3000:])
+                return _stepping(milestones, 0)
+
+            _wait(stepping, 120, "generation 0 to step")
             token = _token(run)
             cgroup = next((e.get("cgroup") for e in run.events() if e["event"] == "containment"), None)
             from supervisor.transport.endpoints import running_daemons  # noqa: PLC0415

@@ -78,6 +78,7 @@ def test_lightning_boring_model_hang_blames_the_stuck_rank_not_its_waiting_peer(
     assert _classify_agrees(d)["last_failure"]["rank"] == 1
 
 
+@pytest.mark.slow
 def test_lightning_boring_model_crash_while_its_peer_waits_is_no_hang(start: Start, tmp_path: Path) -> None:
     # rank 1 raises and takes 5 s to exit (past the 3 s step timeout): rank 0 waits in the
     # all-reduce for a peer that already failed; that is not a new hang
@@ -93,6 +94,7 @@ def test_lightning_boring_model_crash_while_its_peer_waits_is_no_hang(start: Sta
     assert _classify_agrees(d)["last_failure"]["rule"] == "P9"
 
 
+@pytest.mark.slow
 def test_ddp_tutorial_two_kills_an_epoch_apart_restart_twice(start: Start, tmp_path: Path) -> None:
     # no client, so no progress reports: a second SIGKILL after real training is not
     # taken for a repeat, and restarts are spent as torchrun spends them
@@ -109,6 +111,7 @@ def test_ddp_tutorial_two_kills_an_epoch_apart_restart_twice(start: Start, tmp_p
     assert _reason(d)["restarts_used"] == 2
 
 
+@pytest.mark.slow
 def test_nvrx_heartbeats_null_timeouts_calculated_at_once_find_a_stopped_rank(
     start: Start, tmp_path: Path
 ) -> None:
@@ -175,6 +178,7 @@ def test_a_heartbeat_timeout_the_user_set_is_never_tightened_by_learning(start: 
     assert learned["in_force"]["heartbeat"] == 3.0  # the user's value stands
 
 
+@pytest.mark.slow
 def test_an_nccl_error_raised_through_finally_is_the_cause_not_the_peers_reset(start: Start) -> None:
     # the goodput benchmark's schedule: rank 1 raised NCCL's watchdog timeout; its
     # `finally` closed the process group, rank 0 read the reset and exited first, and the

@@ -32,6 +32,7 @@ def _learned(d: Daemon, generation: int) -> dict[str, float]:
     return sections
 
 
+@pytest.mark.slow
 def test_autoresume_creates_the_finished_flag_on_success_only(start: Start, tmp_path: Path) -> None:
     work = ("--max-steps", "30", "--every", "10", "--val-every", "10", "--autoresume")
     flag = tmp_path / "ok" / "finished"
@@ -55,6 +56,7 @@ def test_autoresume_creates_the_finished_flag_on_success_only(start: Start, tmp_
     assert f"needs the {FLAG} environment variable" in unset.stderr()
 
 
+@pytest.mark.slow
 def test_simulated_fault_params_reach_the_faults_module(start: Start, tmp_path: Path) -> None:
     # nvidia-resiliency-ext's form, plus our generation: rank 1 is killed as generation 0 sets up
     fault = '{"fault_type": "rank_killed", "base_delay": 0, "rank_to_fail": 1, "generation": 0}'

@@ -23,7 +23,7 @@ import pytest
 from supervisor.process.ports import free_port
 from tests.support import RANKS, TRAIN, Daemon, wait_until
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 Start = Callable[..., Daemon]
 KEEP_ALIVE = 1  # seconds; torch calls a node dead after KEEP_ALIVE * ATTEMPTS without one
 ATTEMPTS = 3
@@ -185,7 +185,10 @@ def test_with_min_max_the_others_carry_on_without_a_rescheduled_node(
 def test_a_node_joining_a_running_job_grows_it_at_no_restart_cost(
     start: Start, endpoint: str, tmp_path: Path
 ) -> None:
-    args = (*node(endpoint, "2:3"), *train(tmp_path, 150))
+    # the 2-node job trains until it has grown, then 150 steps: were its length fixed, a
+    # loaded machine could see it end before the third node, still starting, joined
+    grows = str(RANKS / "train_until_grown.py")
+    args = (*node(endpoint, "2:3"), grows, "--world-size", "3", *train(tmp_path, 150)[1:])
     d0, d1 = start(*args), start(*args)
     assert joined(d0)["nnodes"] == 2
     d0.wait_event("rank_spawned", 60, where=lambda e: e["generation"] == 1)  # training is under way

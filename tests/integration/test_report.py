@@ -232,6 +232,7 @@ def test_a_truncated_line_and_a_resumed_run_are_read_and_said(
 
 
 @pytest.mark.torch
+@pytest.mark.slow
 def test_the_demos_story_names_the_root_cause_and_failure_to_stepping(
     start: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -212,6 +212,7 @@ def _closed(s: socket.socket) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_slow_metrics_clients_cannot_pile_up_threads(start: Start) -> None:
     # issue 12: the metrics endpoint opened one thread per connection, with no timeout (366 threads)
     pytest.importorskip("prometheus_client")

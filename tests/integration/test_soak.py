@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,13 @@ SOAK = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "soak.py"
 @pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.timeout(240)
-def test_a_short_soak_makes_no_wrong_decision(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, str(SOAK), "--duration", "20", "--seed", "7", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=220, check=False)  # fmt: skip
+def test_a_short_soak_makes_no_wrong_decision() -> None:
+    # the daemon's ipc sockets live under --out, and sun_path holds 108 bytes: under xdist
+    # tmp_path (.../popen-gw0/test_a_short_soak_makes_no_wro0/home/ft-supervisor/<pid>/
+    # control.sock) is too long for them, and the daemon could not start
+    with tempfile.TemporaryDirectory(prefix="fts-") as where:
+        r = subprocess.run([sys.executable, str(SOAK), "--duration", "20", "--seed", "7", "--out", where],
+                           capture_output=True, text=True, timeout=220, check=False)  # fmt: skip
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     rows = {

@@ -41,6 +41,7 @@ def _policies(pid: int) -> set[int]:
 
 
 @pytest.mark.skipif(not may_leave_idle(), reason="needs CAP_SYS_NICE (or RLIMIT_NICE 20) to leave SCHED_IDLE")
+@pytest.mark.slow
 def test_a_standby_preloads_at_idle_priority_and_is_hurried_when_needed_early(
     start: Start, tmp_path: Path
 ) -> None:
