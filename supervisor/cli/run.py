@@ -4,7 +4,10 @@ with ``ft-supervisor run`` is the whole migration."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import sys
+import threading
 from typing import Any
 
 from supervisor.config.build import build_run_config
@@ -40,6 +43,15 @@ def _run(ns: argparse.Namespace) -> int:
         ns.command_parser.error(str(exc))  # one line naming the option; exits 2
     from supervisor.runtime.lifecycle.start import run_daemon  # noqa: PLC0415 - keeps --help fast
 
-    return run_daemon(config)
+    code = run_daemon(config)
+    if any(t.daemon and t.is_alive() for t in threading.enumerate()):
+        # a thread left blocked in torch's C++ rendezvous (a round that will never
+        # complete) makes the interpreter's shutdown call std::terminate: the daemon died
+        # by SIGABRT after logging run_finished. Everything is written by now: leave.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
