@@ -195,8 +195,12 @@ def test_a_node_joining_a_running_job_grows_it_at_no_restart_cost(
     d2 = start(*args)
     assert joined(d2)["nnodes"] == 3
     for d in (d0, d1):
-        assert d.wait_event("peer_news", 30)[0]["news"] == "node_waiting"
         assert joined(d, 1)["nnodes"] == 3
+    # the node that stops its rank for the newcomer first resets its peer's connection:
+    # that peer's rank may fail on it before its own daemon hears the news, and then it
+    # restarts on the failure, which the membership change makes free (below)
+    heard = [e["news"] for d in (d0, d1) for e in d.events("peer_news")]
+    assert "node_waiting" in heard, d0.story() + d1.story()
     assert [d.wait(120) for d in (d0, d1, d2)] == [0, 0, 0], d0.stderr()
     assert {d.events("run_finished")[0]["restarts_used"] for d in (d0, d1, d2)} == {0}
 
