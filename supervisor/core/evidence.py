@@ -59,18 +59,25 @@ class Part(StrEnum):
 
 
 def part_of(
-    state: str, *, exit_code: int | None, error_at: float | None, stop_wall: float | None, hung: bool
+    state: str,
+    *,
+    exit_code: int | None,
+    error_at: float | None,
+    stop_wall: float | None,
+    hung: bool,
+    reported_first: bool = False,
 ) -> Part | None:
     """A rank's part, from its final state (None unless it failed or was stopped).
 
-    A rank we stopped may have raised first (its error file written before we
-    signalled it) and been slow to exit while a peer failed because of it: the time
-    of its error file gives it away. The daemon and ``ft-supervisor classify`` both
+    A rank we stopped may have raised first and been slow to exit while a peer failed
+    because of it (its ``finally`` closed the process group: the peer read a reset
+    connection): its error file written, or its exception reported by its client,
+    before we stopped it gives it away. The daemon and ``ft-supervisor classify`` both
     judge by this rule.
     """
     if state not in ("failed", "stopped"):
         return None
-    failed_first = error_at is not None and (stop_wall is None or error_at < stop_wall)
+    failed_first = reported_first or (error_at is not None and (stop_wall is None or error_at < stop_wall))
     if state == "failed" or failed_first or hung:
         return Part.FAILED
     return Part.BYSTANDER if exit_code == 0 else Part.STOPPED

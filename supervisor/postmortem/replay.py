@@ -181,8 +181,10 @@ def _failure(run: RunLog, g: GenerationLog, local: int, exited: Event) -> tuple[
     rank_dir = run.run_dir / f"gen_{g.number}" / f"local_rank_{local}"
     error, error_at = read_error_file_now(rank_dir / "error.json")
     hang, hang_at = _hang(g.hangs.get(local), g.deadline_wall)
+    reported = g.reported.get(rank)
+    first = reported is not None and (g.stop_wall is None or reported < g.stop_wall)
     part = part_of(str(state), exit_code=_status(exited).code, error_at=error_at, stop_wall=g.stop_wall,
-                   hung=hang is not None)  # fmt: skip
+                   hung=hang is not None, reported_first=first)  # fmt: skip
     if part is None or part is Part.BYSTANDER:
         return None
     pid = exited.get("pid")

@@ -103,20 +103,25 @@ def test_a_node_adopts_the_decision_of_the_node_that_decided_the_job() -> None:
 
 
 @pytest.mark.parametrize(
-    ("state", "code", "error_at", "hung", "expected"),
+    ("state", "code", "error_at", "hung", "reported", "expected"),
     [
-        ("running", None, None, False, None),
-        ("succeeded", 0, None, False, None),
-        ("failed", 1, None, False, Part.FAILED),
-        ("stopped", 0, None, False, Part.BYSTANDER),  # exited cleanly as we stopped it
-        ("stopped", -15, None, False, Part.STOPPED),  # did not end cleanly: Evidence.stopped
-        ("stopped", -15, 9.0, False, Part.FAILED),  # raised before we signalled it
-        ("stopped", -15, 11.0, False, Part.STOPPED),  # ... after: the stop's consequence
-        ("stopped", -9, None, True, Part.FAILED),  # hung
+        ("running", None, None, False, False, None),
+        ("succeeded", 0, None, False, False, None),
+        ("failed", 1, None, False, False, Part.FAILED),
+        ("stopped", 0, None, False, False, Part.BYSTANDER),  # exited cleanly as we stopped it
+        ("stopped", -15, None, False, False, Part.STOPPED),  # did not end cleanly: Evidence.stopped
+        ("stopped", -15, 9.0, False, False, Part.FAILED),  # raised before we signalled it
+        ("stopped", -15, 11.0, False, False, Part.STOPPED),  # ... after: the stop's consequence
+        ("stopped", -9, None, True, False, Part.FAILED),  # hung
+        # its client reported its exception before we stopped it (Lightning's BoringModel
+        # under load: its peer read the reset of its teardown and exited first)
+        ("stopped", -15, None, False, True, Part.FAILED),
     ],
 )
 def test_the_part_a_rank_played_in_its_generations_failure(
-    state: str, code: int | None, error_at: float | None, hung: bool, expected: Part | None
+    state: str, code: int | None, error_at: float | None, hung: bool, reported: bool, *, expected: Part | None
 ) -> None:
     """One rule for the daemon and for `ft-supervisor classify` (it was written twice)."""
-    assert part_of(state, exit_code=code, error_at=error_at, stop_wall=10.0, hung=hung) is expected
+    part = part_of(state, exit_code=code, error_at=error_at, stop_wall=10.0, hung=hung,
+                   reported_first=reported)  # fmt: skip
+    assert part is expected

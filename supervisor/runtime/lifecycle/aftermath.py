@@ -108,8 +108,10 @@ async def failures(
         files = gen.ranks[lr].files
         found = await failure_evidence(exit, files, gen.exit_offsets.get(lr, {}).get(files.stderr))
         hang, hang_at = gen.hangs.get(lr, (None, None))
+        reported = monitor.exception_at.get(exit.rank)
+        first = reported is not None and (gen.stop_mono is None or reported < gen.stop_mono)
         part = part_of(state, exit_code=exit.status.code, error_at=found.error_at, stop_wall=gen.stop_wall,
-                       hung=hang is not None)  # fmt: skip
+                       hung=hang is not None, reported_first=first)  # fmt: skip
         if part is None or part is Part.BYSTANDER:
             continue
         rank = exit.rank

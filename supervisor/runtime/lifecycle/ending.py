@@ -62,7 +62,7 @@ class Ender:
         await gasp.ask_to_save(gen, self._monitor, deadline=cfg.save_timeout, why=why, events=self._events,
                                clock=self._clock, force=self._force)  # fmt: skip
         entry = token_entry(self._token, gen.number)
-        gen.stop_wall = self._clock.wall()
+        gen.stop_wall, gen.stop_mono = self._clock.wall(), self._clock.monotonic()
         report = await terminate(
             list(gen.ranks.values()),
             grace=cfg.shutdown_timeout,

@@ -52,6 +52,7 @@ class Generation:
         # wall-clock time the termination procedure began: anything a rank
         # recorded before then, it did on its own
         self.stop_wall: float | None = None
+        self.stop_mono: float | None = None  # the same instant, on the monotonic clock
         self.ended = asyncio.Event()
         self.started = False
         self.started_at = 0.0  # monotonic

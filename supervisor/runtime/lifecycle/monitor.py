@@ -312,7 +312,11 @@ class Monitor:
                               pid=m.pid, exc_type=m.exc_type, message=m.message[:300])  # fmt: skip
             return
         self.exceptions[m.rank] = ReportedException(m.exc_type, m.message, m.traceback, m.causes)
-        self.exception_at.setdefault(m.rank, now)
+        if m.rank not in self.exception_at:
+            self.exception_at[m.rank] = now
+            # when: what tells a rank that failed first from one we stopped (classify reads it too)
+            self._events.emit("exception_reported", logging.DEBUG, generation=self.generation, rank=m.rank,
+                              exc_type=m.exc_type, message=m.message[:300])  # fmt: skip
 
     def _checkpoint(self, watch: RankWatch, event: str) -> None:
         if event == "loaded":
