@@ -175,7 +175,7 @@ class Supervisor:
                     tg.create_task(refresh_metrics(self.metrics, self._status)),
                 ]
                 try:
-                    refused = self._refused_at_start()
+                    refused = await self._refused_at_start()
                     code = refused if refused is not None else await self._supervise()
                 finally:
                     # watchers of ranks that outlived SIGKILL would wait forever
@@ -314,7 +314,7 @@ class Supervisor:
             return await self._job_over(job_gen, over) if over is not None else self._stopped_code()
         decision = await self._decide(gen, report, news)
         if decision is not None:
-            decision = self._mark_health(decision, gen.number)
+            decision = await self._mark_health(decision, gen.number)
         own = jobwide.own_outcome(job_gen, decision, self.judge.classification, self.judge.node)
         try:
             outcomes = await self._unless_stopped(job.agree(job_gen, own))
@@ -455,21 +455,21 @@ class Supervisor:
         decision = without_evidence(way, end.peer_news, self.judge.budget, self.clock.monotonic(), detail)
         return self.judge.without_evidence(gen.number, decision)
 
-    def _refused_at_start(self) -> int | None:
+    async def _refused_at_start(self) -> int | None:
         """A quarantined node starts no rank of this run: its exit code, or None."""
-        refused = self.health.at_start()
+        refused = await self.health.at_start()
         if refused is None:
             return None
         self.judge.adopt(refused, 0)
         self.judge.report(refused, self.logger, self.rundir.root)
         return self.cfg.policy.exit_codes.of(refused.action)
 
-    def _mark_health(self, decision: Decision, generation: int) -> Decision:
+    async def _mark_health(self, decision: Decision, generation: int) -> Decision:
         """The node's ledger records a hardware-looking failure; one too many, and a
         restart becomes this node's leaving (--node-quarantine)."""
         c = self.judge.classification
         nature, rule = (None, None) if c is None else (c.nature, c.rule)
-        screened = self.health.after(decision, nature, rule, generation)
+        screened = await self.health.after(decision, nature, rule, generation)
         if screened is not decision:
             self.judge.adopt(screened, generation)
         return screened

@@ -8,6 +8,7 @@ fatal: a damaged ledger must not keep a healthy node from its work.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 
@@ -50,34 +51,37 @@ class NodeHealth:
         self.cfg, self._events, self._clock, self._run_id = cfg, events, clock, run_id
         self._said_unreadable = False
 
-    def _load(self) -> Ledger:
-        ledger, problem = read_ledger(self.cfg, self._clock.wall())
+    async def _load(self) -> Ledger:
+        # off the loop: the state directory may be a slow or a full filesystem
+        ledger, problem = await asyncio.to_thread(read_ledger, self.cfg, self._clock.wall())
         if problem is not None and not self._said_unreadable:
             self._said_unreadable = True
             self._events.emit("node_health_unreadable", logging.WARNING, problem=problem)
         return ledger
 
-    def at_start(self) -> Decision | None:
+    async def at_start(self) -> Decision | None:
         """The node's ranks stay off when its ledger already crosses the threshold."""
         if self.cfg.quarantine is None:
             return None
-        refused = quarantined(self._load(), self.cfg.quarantine, self._clock.wall())
+        refused = quarantined(await self._load(), self.cfg.quarantine, self._clock.wall())
         if refused is not None:
             self._quarantined(refused, when="start")
         return refused
 
-    def after(self, decision: Decision, nature: str | None, rule: str | None, generation: int) -> Decision:
+    async def after(
+        self, decision: Decision, nature: str | None, rule: str | None, generation: int
+    ) -> Decision:
         """Record the mark a decision leaves; a restart that crosses the threshold
         becomes this node's leaving."""
         now = self._clock.wall()
         mark = mark_of(decision, nature, rule, now=now, run_id=self._run_id, generation=generation)
         if mark is None and self.cfg.quarantine is None:
             return decision
-        ledger = self._load()
+        ledger = await self._load()
         if mark is not None:
             ledger = ledger.add(mark)
             try:
-                write_ledger(self.cfg, ledger)
+                await asyncio.to_thread(write_ledger, self.cfg, ledger)
             except OSError as exc:
                 self._events.emit("node_health_unwritable", logging.WARNING, path=str(self.cfg.ledger),
                                   error=exc.strerror or str(exc))  # fmt: skip
