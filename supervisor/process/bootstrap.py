@@ -26,7 +26,8 @@ The daemon starts each rank as::
 3. Say ``ready`` on BOOT_FD and wait for the go: one JSON line with the
    environment values fixed only when the generation starts (MASTER_PORT...).
    Every thread goes back to SCHED_OTHER before the program runs (the daemon
-   does that too, at once, for a standby that is not ready when its go comes).
+   does that too, right after writing a standby's go: a standby would otherwise
+   wake at idle priority to read it, which a busy node may not allow for seconds).
 4. Run TARGET the way ``python -u script.py`` / ``python -u -m module`` would
    (KIND ``script`` / ``module``), or exec it (KIND ``exec``, ``--no-python``).
    FLAGS (comma separated): ``fast-exit`` skips the last GC passes at exit;
@@ -271,6 +272,9 @@ def main(argv: list[str]) -> None:
     idle = "idle" in flags.split(",")
     if idle:
         _idle()
+        if _go_arrived(int(boot_fd)):
+            # released before it got here: the daemon's unidle came before our _idle
+            unidle()
     if kind != "exec":
         sys.path[0] = _path0(kind, target)
         _preload(preload, int(boot_fd))

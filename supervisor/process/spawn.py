@@ -120,11 +120,13 @@ class RankProcess:
         return await asyncio.shield(self._ready)
 
     def hurry(self) -> None:
-        """A standby still preloading at idle priority finishes at full priority: it
-        is then always ahead of a rank spawned cold (its own bootstrap would do it
-        only once the preload is over)."""
-        if not self.is_ready:
-            unidle(self.pid)
+        """A standby released into its generation runs at full priority from now on,
+        ready or not. One still preloading at idle priority is then always ahead of a
+        rank spawned cold; one that is ready would otherwise wake to read its go at
+        idle priority, which a busy node may not give it for seconds. Called after the
+        go is written: a bootstrap that sets itself idle after this finds the go
+        waiting and leaves idle priority at once."""
+        unidle(self.pid)
 
     def go(self, env: Mapping[str, str]) -> None:
         """Release the rank into its generation with the late environment values."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.core.kmsg import parse_record
+from supervisor.core.kmsg import about, parse_record
 from supervisor.runtime.services.kernellog import KernelLog
 
 
@@ -34,6 +34,29 @@ def test_a_record_as_dev_kmsg_hands_it_out() -> None:
     assert (line.seq, line.at, line.text) == (4711, 12.345678, xid)
     assert parse_record(b"garbage") is None and parse_record(b"3,x,1,-;t") is None
     assert len(parse_record(b"6,1,1,-;" + b"a" * 10_000).text) == 512  # type: ignore[union-attr]
+
+
+OOM_KILL = ("oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+            "oom_memcg={cg},task_memcg={cg},task=python3,pid={pid},uid=0")
+KILLED = "Memory cgroup out of memory: Killed process {pid} (python3) total-vm:9000kB, anon-rss:8000kB"
+XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus."
+
+
+def test_the_oom_killer_is_evidence_only_about_our_own_processes() -> None:
+    """Another job's process killed by the OOM killer is not why our rank failed; one of
+    our ranks, or a process in our generation's cgroup (a rank's data loader), is.
+    Hardware lines (an Xid names whatever process used the GPU) are the node's."""
+    ours = "/sys/fs/cgroup/unified/ft-supervisor/run-ab12/gen-3"
+    theirs = [OOM_KILL.format(cg="/slurm/job_7/step_0", pid=900), KILLED.format(pid=900)]
+    by_rank = [KILLED.format(pid=77)]
+    by_worker = [OOM_KILL.format(cg="/ft-supervisor/run-ab12/gen-3", pid=78), KILLED.format(pid=78)]
+    lines = [*theirs, *by_rank, *by_worker, XID, "eth0: link up"]
+    assert about(lines, {77}, {ours}) == (*by_rank, *by_worker, XID, "eth0: link up")
+    # where there are no cgroups only the ranks themselves are known to be ours
+    assert about(lines, {77}, set()) == (*by_rank, XID, "eth0: link up")
+    # a cgroup whose name merely ends the same is another one
+    assert about(by_worker, set(), {"/sys/fs/cgroup/other/gen-3"}) == ()
+    assert about(by_worker, set(), {ours + "/"}) == tuple(by_worker)
 
 
 KMSG_RW = os.access("/dev/kmsg", os.R_OK | os.W_OK)

@@ -120,3 +120,31 @@ def test_an_xid_in_the_kernel_log_during_the_run_decides_the_failure(start, tmp_
     (kernel,) = d.events("kernel_lines")
     assert kernel["lines"] == ["NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."]
     assert [e["rule"] for e in d.events("node_health_marked")] == ["H1"]
+
+
+def test_the_oom_killer_killing_another_process_is_not_our_ranks_failure(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """While our rank failed for its own reason (exit 3), the OOM killer killed some
+    other process on the node: that kernel line is not evidence about our rank. It
+    used to make the failure P6 (an OOM kill: restarted once, then abort), so a job
+    beside ours running out of memory could end ours."""
+    kmsg = tmp_path / "kmsg"
+    os.mkfifo(kmsg)
+    held = os.open(kmsg, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        gate = tmp_path / "gate"
+        gate.mkdir()
+        env = {**os.environ, "FT_SUPERVISOR_KMSG": str(kmsg)}
+        d = start("--nproc-per-node", "2", "--preload", "none", "--no-standby", "--max-restarts", "1",
+                  "--node-state-dir", str(tmp_path / "node-state"),
+                  GATED, "--fail-in", "0", "--gate", str(gate), env=env)  # fmt: skip
+        d.wait_event("generation_started", 60)
+        micros = int(time.monotonic() * 1e6)
+        other = "Out of memory: Killed process 3999999 (java) total-vm:9000kB, anon-rss:8000kB"
+        os.write(held, f"3,9002,{micros},-;{other}\n".encode())
+        (gate / "go-0").touch()
+        assert d.wait(60) == 0, d.story()
+    finally:
+        os.close(held)
+    (decision,) = d.events("decision")
+    assert decision["action"] == "restart" and decision["rule"] != "P6", d.story()
+    assert d.events("kernel_lines") == []

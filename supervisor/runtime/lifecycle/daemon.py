@@ -31,6 +31,7 @@ from supervisor.config.run import RunConfig
 from supervisor.coord.job import JobGeneration, JobOver, LocalJob, RendezvousJob
 from supervisor.core.evidence import WorkloadRequest
 from supervisor.core.jobwide import NodeOutcome, PeerNews
+from supervisor.core.kmsg import about
 from supervisor.core.learning import Learned
 from supervisor.core.next_step import GenerationEnd, Route, Settlement, route, settle, without_evidence
 from supervisor.core.states import GroupResult
@@ -447,13 +448,21 @@ class Supervisor:
         if way is Route.SUCCEEDED:
             return None
         if way is Route.JUDGE:
-            kernel = self.kernel.since(gen.started_at - KERNEL_SLACK) if gen.started else ()
+            kernel = self._kernel_lines(gen)
             if kernel:  # for ft-supervisor classify, which judges the run again
                 self.events.emit("kernel_lines", generation=gen.number, lines=list(kernel), quiet=("lines",))
             return await self.judge.judge(gen, self.monitor, report.unkillable, requests, dmesg=kernel)
         detail = "" if news is None else news[1]
         decision = without_evidence(way, end.peer_news, self.judge.budget, self.clock.monotonic(), detail)
         return self.judge.without_evidence(gen.number, decision)
+
+    def _kernel_lines(self, gen: Generation) -> tuple[str, ...]:
+        """The kernel's lines since the generation started that may be about it."""
+        if not gen.started:
+            return ()
+        ranks = gen.ranks.values()
+        cgroups = {str(r.containment.cgroup) for r in ranks if r.containment.cgroup is not None}
+        return about(self.kernel.since(gen.started_at - KERNEL_SLACK), {r.pid for r in ranks}, cgroups)
 
     async def _refused_at_start(self) -> int | None:
         """A quarantined node starts no rank of this run: its exit code, or None."""

@@ -250,10 +250,12 @@ class Launcher:
         self._monitor.start_generation(gen.number, {r.slot.rank: r.pid for r in gen.ranks.values()})
         self._forget_standby(gen)  # running now: there is no standby until the next is spawned
         for rank in gen.ranks.values():
-            if rank.state is RankState.STANDBY:
-                rank.hurry()
+            released = rank.state is RankState.STANDBY
+            if released:
                 rank.move_to(RankState.RUNNING)
             rank.go(late)
+            if released:
+                rank.hurry()
         for lr, rank in gen.ranks.items():
             shown = self.cfg.console_streams(lr)
             for stream, path in ((log.STDOUT, rank.files.stdout), (log.STDERR, rank.files.stderr)):
