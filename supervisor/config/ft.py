@@ -40,6 +40,15 @@ def _timeout(value: object) -> float | None:
     return seconds
 
 
+def _bundle_seconds(value: object) -> float:
+    if isinstance(value, bool):
+        raise TypeError
+    seconds = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError
+    return seconds
+
+
 def _seconds(value: object) -> float:
     seconds = _timeout(value)
     if seconds is None:
@@ -159,6 +168,7 @@ KEYS: dict[str, _Key] = {
     "learn_timeouts": _Key(_flag, "true or false"),
     "learned_timeout_floor": _Key(_seconds, "seconds > 0"),
     "stack_dump_timeout": _Key(_seconds, "seconds > 0"),
+    "bundle_timeout": _Key(_bundle_seconds, "seconds >= 0 (0: Python stacks only)"),
     # the crash-loop guard (nvidia-resiliency-ext's progress tracker)
     "max_no_progress_cycles": _Key(_integer, "an integer (0 or less: never abort for lack of progress)"),
     "min_progress_iterations": _Key(_positive_count, "an integer >= 1"),
@@ -201,6 +211,8 @@ class FtConfig:
     learn_timeouts: bool = True
     learned_timeout_floor: float = 10.0
     stack_dump_timeout: float = 2.0
+    # the hang's diagnostic bundle: native stacks and NCCL's Flight Recorder, before the kill
+    bundle_timeout: float = 10.0
     max_no_progress_cycles: int = 3
     min_progress_iterations: int = 1
     log_level: str | None = None  # None: --log-level's (info by default)
@@ -341,6 +353,8 @@ def add_options(group: Any) -> None:
         "learn_timeouts": "learn timeouts from what the ranks do (default true)",
         "learned_timeout_floor": "a learned timeout in force is never shorter than this (default 10 s)",
         "stack_dump_timeout": "seconds to wait for a hung rank's stack dump (default 2)",
+        "bundle_timeout": "seconds a hang's diagnostic bundle (native stacks with py-spy, NCCL's Flight "
+        "Recorder) may delay the kill (default 10; 0: none)",
         "max_no_progress_cycles": "abort after this many restarts in a row without progress (default 3; "
         "0: never)",
         "min_progress_iterations": "iterations a generation must advance to count as progress (default 1)",

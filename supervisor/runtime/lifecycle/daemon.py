@@ -303,7 +303,8 @@ class Supervisor:
         ending = self.clock.monotonic()
         if gen.missed is not None and not stopping:
             await hangs.name_hung(gen, self.monitor, stack_timeout=self.cfg.ft.stack_dump_timeout,
-                                  clock=self.clock, events=self.events)  # fmt: skip
+                                  bundle_timeout=self.cfg.ft.bundle_timeout, clock=self.clock,
+                                  events=self.events)  # fmt: skip
         gen.trouble_at = (
             None
             if gen.result is GroupResult.SUCCEEDED and news is None and not stopping

@@ -43,6 +43,7 @@ class Generation:
         # when (monotonic) the trouble that ended it began; None: it ended well
         self.trouble_at: float | None = None
         self.stacks: dict[int, str] = {}  # local rank -> its dumped stacks
+        self.bundle: Path | None = None  # the hang's diagnostic bundle, if it hung
         self.notable: dict[int, tuple[str, ...]] = {}  # rank -> trouble-looking log lines
         self.after_exit: dict[int, tuple[str, ...]] = {}  # rank -> ...noticed after it exited
         # local rank -> when (monotonic) it reported a failure (error file, client) while alive

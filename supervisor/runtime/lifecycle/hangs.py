@@ -9,13 +9,14 @@ saying which evidence decided, whose deadline was missed and who was waiting.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 from supervisor.core.blame import Blame, blame
 from supervisor.core.watch import Hang
 from supervisor.runtime.clock import Clock
-from supervisor.runtime.lifecycle import aftermath
+from supervisor.runtime.lifecycle import aftermath, bundle
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
 from supervisor.runtime.records.events import EventLog
@@ -37,15 +38,19 @@ def deadline_missed(gen: Generation, hang: Hang, *, failing: bool, clock: Clock,
 
 
 async def name_hung(
-    gen: Generation, monitor: Monitor, *, stack_timeout: float, clock: Clock, events: EventLog
-) -> Blame | None:
-    """Dump every live rank's stacks, blame the stuck rank(s), and record them as hung."""
+    gen: Generation, monitor: Monitor, *, stack_timeout: float, bundle_timeout: float, clock: Clock,
+    events: EventLog,
+) -> Blame | None:  # fmt: skip
+    """Dump every live rank's stacks, blame the stuck rank(s), record them as hung,
+    and leave the hang's diagnostic bundle (``supervisor.runtime.lifecycle.bundle``)."""
     if gen.missed is None:
         return None
     missed, noticed = gen.missed
     # what each rank last said, as of the notice: the dump's SIGCONT wakes a stopped rank
     seen = aftermath.seen_now(gen, monitor, noticed)
-    readings = await aftermath.collect_stacks(gen, monitor, stack_timeout, events)
+    readings, got = await asyncio.gather(
+        aftermath.collect_stacks(gen, monitor, stack_timeout, events), bundle.gather(gen, bundle_timeout)
+    )
     found = blame(aftermath.suspects(seen, readings), missed, noticed)
     local = {s.rank: lr for lr, s in seen.items()}
     deadline_wall = clock.wall() - (clock.monotonic() - (noticed - missed.late_by))
@@ -74,4 +79,6 @@ async def name_hung(
         )
         if rank in local:
             gen.hung(local[rank], hang, deadline_wall)
+    gen.bundle = await bundle.write(gen, monitor, missed=missed, found=found, seen=seen, readings=readings,
+                                    got=got, noticed=noticed, clock=clock, events=events)  # fmt: skip
     return found

@@ -45,6 +45,7 @@ class Judge:
         self.evidence: Evidence | None = None
         self.classification: Classification | None = None
         self.decision: Decision | None = None
+        self.bundle: Path | None = None  # the judged generation's hang bundle
 
     def announce(self) -> None:
         self._events.emit(
@@ -105,6 +106,7 @@ class Judge:
             classification = None
             decision = decide(evidence, _NOTHING, self.history, self.budget, now, policy=self.policy)
         self.evidence, self.classification, self.decision = evidence, classification, decision
+        self.bundle = gen.bundle
         self._emit(evidence, classification, decision)
         if classification is not None:
             self.plugins.decided(evidence, classification, decision)
@@ -123,6 +125,7 @@ class Judge:
         restart, a peer's news)."""
         self.evidence = Evidence((), generation=generation, node=self.node)
         self.classification, self.decision = None, decision
+        self.bundle = None
         self._emit(self.evidence, None, decision)
         return decision
 
@@ -167,6 +170,9 @@ class Judge:
             classification=self.classification if ended_by_failure else None,
             decision=decision if ended_by_failure or result == "continue" else None,
         )
+        bundle = None if self.bundle is None else str(self.bundle)
+        if ended_by_failure:
+            content["bundle"] = bundle  # the hang's diagnostic bundle, when it was a hang
         if not ended_by_failure and self.classification is not None and decision is not None:
             # the run went on after it: history, not the reason the run ended
             content["last_failure"] = {
@@ -175,6 +181,7 @@ class Judge:
                 "rank": self.classification.rank,
                 "action": str(decision.action),
                 "detail": decision.detail,
+                "bundle": bundle,
             }
         return content
 

@@ -29,6 +29,7 @@ from supervisor.core.topology import (
 from supervisor.process import cgroups
 from supervisor.process.bootstrap import may_leave_idle
 from supervisor.process.cgroups import Containment
+from supervisor.process.native import flight_recorder_env
 from supervisor.process.orphans import off_loop, sweep_generation
 from supervisor.process.spawn import spawn_rank
 from supervisor.process.tail import LogFollower
@@ -161,6 +162,7 @@ class Launcher:
             error_file=str(files.error_file),
         )
         env.update(self._monitor_env())
+        env.update(flight_recorder_env(env, files.dir.parent))
         rank = await spawn_rank(self.cfg.program, slot, env, files, now=self._clock.monotonic(),
                                 standby=standby, containment=self._placement(gen.number))  # fmt: skip
         gen.add(rank)

@@ -1,0 +1,164 @@
+"""A hang's diagnostic bundle, gathered before the kill (pytorch/pytorch#122694:
+operators want the stacks of a hung job before it is killed, and the ranks are
+gone a moment later).
+
+Into ``<generation>/hang-bundle/``: each live rank's Python stacks (faulthandler,
+already in its log) and native stacks (py-spy), NCCL's Flight Recorder dump where
+the process group has one, and ``bundle.json``: the missed deadline, who was
+blamed and why, and for every rank its state, open sections, last iteration and
+when it was last heard from. Gathered at the same time as the Python stacks the
+blame needs, within ``--ft-bundle-timeout`` (the bound on how much it may delay
+the restart); written off the loop; ``reason.json`` points to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from supervisor.core.blame import Blame
+from supervisor.core.stacks import Reading
+from supervisor.core.watch import Hang
+from supervisor.process.native import Native, flight_recorder, flight_recorder_env, native_stacks, py_spy
+from supervisor.process.spawn import RankProcess
+from supervisor.process.stacks import process_state
+from supervisor.runtime.clock import Clock
+from supervisor.runtime.lifecycle.aftermath import Seen
+from supervisor.runtime.lifecycle.generation import Generation
+from supervisor.runtime.lifecycle.monitor import Monitor
+from supervisor.runtime.records.events import EventLog
+from supervisor.runtime.records.reason import write_atomically
+
+BUNDLE = "hang-bundle"
+MANIFEST = "bundle.json"
+
+
+@dataclass
+class Gathered:
+    """What was taken from the live ranks, by local rank."""
+
+    native: dict[int, Native] = field(default_factory=dict)
+    flight: dict[int, tuple[Path | None, str | None]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def generation_dir(gen: Generation) -> Path | None:
+    rank = next(iter(gen.ranks.values()), None)
+    return None if rank is None else rank.files.dir.parent
+
+
+async def gather(gen: Generation, timeout: float) -> Gathered:
+    """Native stacks and Flight Recorder dumps of every live rank, all at once."""
+    where = generation_dir(gen)
+    if timeout <= 0 or where is None:
+        return Gathered()
+    began = time.monotonic()
+    live = [r for r in gen.ranks.values() if r.returncode is None]
+    exe = py_spy()
+    env = {**flight_recorder_env(os.environ, where), **os.environ}
+    natives = asyncio.gather(*(native_stacks(r.pid, timeout, exe) for r in live))
+    flights = asyncio.gather(*(flight_recorder(env, r.slot.rank, timeout) for r in live))
+    found_native, found_flight = await asyncio.gather(natives, flights)
+    local = [r.slot.local_rank for r in live]
+    return Gathered(dict(zip(local, found_native, strict=True)), dict(zip(local, found_flight, strict=True)),
+                    time.monotonic() - began)  # fmt: skip
+
+
+def _rank_entry(
+    r: RankProcess, monitor: Monitor, got: Gathered, *, seen: Seen | None, reading: Reading | None,
+    stacks: str | None, now: float,
+) -> tuple[dict[str, Any], dict[str, str]]:  # fmt: skip
+    lr, rank = r.slot.local_rank, r.slot.rank
+    files: dict[str, str] = {}
+    if stacks:
+        files[f"rank{rank}.python.txt"] = stacks
+    native = got.native.get(lr)
+    if native is not None and native.text:
+        files[f"rank{rank}.native.txt"] = native.text
+    dump, dump_error = got.flight.get(lr, (None, None))
+    watch = monitor.watches.get(rank)
+    opened = {} if watch is None else watch.open_sections
+    entry = {
+        "rank": rank,
+        "local_rank": lr,
+        "pid": r.pid,
+        "state": process_state(r.pid) if r.returncode is None else "exited",
+        "returncode": r.returncode,
+        "where": None if reading is None else reading.where.name.lower(),
+        "iteration": None if watch is None else watch.iteration,
+        "completed_steps": None if watch is None else watch.completed_steps,
+        "last_heard_s_ago": None if seen is None else round(now - seen.last_seen, 3),
+        "open_sections": {n: round(now - t, 3) for n, t in opened.items()},
+        "python_stacks": f"rank{rank}.python.txt" if stacks else None,
+        "native_stacks": f"rank{rank}.native.txt" if native is not None and native.text else None,
+        "native_error": None if native is None else native.error,
+        "flight_recorder": None if dump is None else str(dump),
+        "flight_recorder_error": dump_error,
+    }
+    return entry, files
+
+
+def _write(where: Path, manifest: dict[str, Any], files: dict[str, str]) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        write_atomically(where / name, text.encode(errors="replace"))
+    write_atomically(where / MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2) + b"\n")
+
+
+async def write(
+    gen: Generation, monitor: Monitor, *, missed: Hang, found: Blame, seen: dict[int, Seen],
+    readings: dict[int, Reading | None], got: Gathered, noticed: float, clock: Clock, events: EventLog,
+) -> Path | None:  # fmt: skip
+    """The bundle on disk (off the loop), and a ``hang_bundle`` event; None if it could not be written."""
+    root = generation_dir(gen)
+    if root is None:
+        return None
+    now = clock.monotonic()
+    entries, files = [], {}
+    for lr, r in sorted(gen.ranks.items()):
+        entry, theirs = _rank_entry(r, monitor, got, seen=seen.get(lr), reading=readings.get(lr),
+                                    stacks=gen.stacks.get(lr), now=now)  # fmt: skip
+        entries.append(entry)
+        files.update(theirs)
+    manifest = {
+        "generation": gen.number,
+        "declared_at": clock.wall() - (now - noticed),
+        "deadline": {
+            "rank": missed.rank,
+            "kind": str(missed.kind),
+            "section": missed.section,
+            "timeout": missed.timeout,
+            "open_for": round(missed.open_for, 3),
+        },
+        "hung": list(found.ranks),
+        "blamed_by": found.by,
+        "evidence": found.detail,
+        "waiting": list(found.waiting),
+        "gathered_in_s": round(got.seconds, 3),
+        "ranks": entries,
+    }
+    where = root / BUNDLE
+    try:
+        await asyncio.to_thread(_write, where, manifest, files)
+    except OSError as exc:
+        events.emit("hang_bundle_unwritable", logging.WARNING, generation=gen.number, path=str(where),
+                    error=exc.strerror or str(exc))  # fmt: skip
+        return None
+    events.emit(
+        "hang_bundle",
+        generation=gen.number,
+        path=str(where),
+        ranks=len(entries),
+        native=sum(1 for e in entries if e["native_stacks"]),
+        native_error=next((e["native_error"] for e in entries if e["native_error"]), None),
+        flight_recorder=sum(1 for e in entries if e["flight_recorder"]),
+        seconds=round(got.seconds, 3),
+    )
+    return where

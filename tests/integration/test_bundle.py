@@ -1,0 +1,79 @@
+"""A hang's diagnostic bundle, left before the kill: every live rank's Python and
+native stacks (py-spy), the Flight Recorder where the process group has one, and
+what the daemon knew of each rank; reason.json points to it."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from supervisor.process.native import py_spy
+from tests.support import RANKS, Daemon
+
+Start = Callable[..., Daemon]
+
+
+def _bundle(d: Daemon) -> tuple[Path, dict]:  # type: ignore[type-arg]
+    (event,) = d.events("hang_bundle")
+    path = Path(event["path"])
+    return path, json.loads((path / "bundle.json").read_text())
+
+
+@pytest.mark.skipif(py_spy() is None, reason="py-spy is not installed (the diagnostics extra)")
+def test_a_hang_in_a_gloo_job_leaves_native_stacks_of_every_rank_before_the_kill(start: Start) -> None:
+    """Rank 1 sleeps in its own code while rank 0 waits in all_reduce: the native
+    stacks show rank 0 inside c10d's wait (what faulthandler alone cannot say of a
+    rank stuck in C++), rank 1 in its own function. The run ends on the hang, so
+    reason.json names the bundle."""
+    d = start("--nproc-per-node", "2", "--no-standby", "--max-restarts", "0",
+              "--ft-rank-heartbeat-timeout", "1", str(RANKS / "collective_hang.py"))  # fmt: skip
+    assert d.wait(120) != 0, d.story()
+    path, manifest = _bundle(d)
+    assert manifest["hung"] == [1] and manifest["waiting"] == [0] and manifest["blamed_by"] == "stacks"
+    by_rank = {r["rank"]: r for r in manifest["ranks"]}
+    assert by_rank[0]["where"] == "collective" and by_rank[1]["where"] == "own"
+    assert all(r["native_error"] is None and r["iteration"] == 4 for r in by_rank.values()), manifest
+    assert "c10d::Work::wait" in (path / by_rank[0]["native_stacks"]).read_text()
+    assert "stuck_in_own_code" in (path / by_rank[1]["native_stacks"]).read_text()
+    assert "stuck_in_own_code" in (path / by_rank[1]["python_stacks"]).read_text()
+    assert "no Flight Recorder pipe" in by_rank[0]["flight_recorder_error"]  # gloo has none
+    # before the kill: the hung rank was SIGKILLed after the bundle was taken
+    order = [e["event"] for e in d.events() if e["event"] in ("hang_bundle", "rank_exited")]
+    assert order[0] == "hang_bundle", order
+    reason = json.loads((d.run_dir() / "reason.json").read_text())  # type: ignore[operator]
+    assert reason["bundle"] == str(path) and reason["rule"] == "HANG"
+
+
+def test_the_flight_recorder_is_asked_for_its_dump_through_torchs_pipe(start: Start) -> None:
+    """The daemon points TORCH_NCCL_DEBUG_INFO_PIPE_FILE / _TEMP_FILE into the
+    generation's directory and, on a hang, writes to each rank's pipe as torch's
+    watchdog expects; the dumps are in the bundle. A rank standing in for NCCL's
+    watchdog answers (no NCCL without a GPU: checked against the protocol, not a GPU)."""
+    d = start("--nproc-per-node", "2", "--preload", "none", "--no-standby", "--max-restarts", "1",
+              "--ft-rank-heartbeat-timeout", "0.5", str(RANKS / "fr_pipe.py"))  # fmt: skip
+    assert d.wait(60) == 0, d.story()
+    assert "[rank 0] buffer 2000" in d.stdout()
+    path, manifest = _bundle(d)
+    dumps = {r["rank"]: r["flight_recorder"] for r in manifest["ranks"]}
+    assert set(dumps) == {0, 1} and all(dumps.values()), manifest
+    for rank, dump in dumps.items():
+        assert Path(dump).parent == path.parent  # the generation's directory
+        assert Path(dump).read_text() == f"flight recorder entries of rank {rank}"
+    reason = json.loads((d.run_dir() / "reason.json").read_text())  # type: ignore[operator]
+    assert reason["last_failure"]["bundle"] == str(path)
+
+
+def test_the_users_own_flight_recorder_settings_stand(start: Start, tmp_path: Path) -> None:
+    env = {**os.environ, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "mine_"),
+           "TORCH_NCCL_TRACE_BUFFER_SIZE": "77"}  # fmt: skip
+    d = start("--nproc-per-node", "2", "--preload", "none", "--no-standby", "--max-restarts", "1",
+              "--ft-rank-heartbeat-timeout", "0.5", str(RANKS / "fr_pipe.py"), env=env)  # fmt: skip
+    assert d.wait(60) == 0, d.story()
+    assert "[rank 0] buffer 77" in d.stdout()
+    _, manifest = _bundle(d)
+    assert sorted(r["flight_recorder"] for r in manifest["ranks"]) == [str(tmp_path / "mine_0"),
+                                                                        str(tmp_path / "mine_1")]  # fmt: skip
