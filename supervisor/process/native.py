@@ -34,6 +34,7 @@ NATIVE_MAX = 512 * 1024  # bytes of py-spy output kept per rank
 PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
 DUMP_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+FLIGHT_RECORDER = frozenset({PIPE_ENV, DUMP_ENV, BUFFER_ENV})  # what the daemon adds to torchrun's
 BUFFER_ENTRIES = "2000"  # torch's own default where it records at all
 SETTLED = 0.2  # a dump is complete once its size has not changed for this long
 

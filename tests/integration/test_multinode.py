@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from supervisor.process.native import FLIGHT_RECORDER
 from supervisor.process.ports import free_port
 from tests.support import RANKS, TRAIN, Daemon, wait_until
 
@@ -89,7 +90,7 @@ def test_ranks_get_the_environment_torchrun_gives_them_on_every_node(
             "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_RUN_ID")  # fmt: skip
     for rank in a:
         assert {k: a[rank][k] for k in same} == {k: b[rank][k] for k in same}, rank
-        ours_only = {k for k in b[rank] if k.startswith("FT_SUPERVISOR_")}
+        ours_only = {k for k in b[rank] if k.startswith("FT_SUPERVISOR_")} | FLIGHT_RECORDER
         # torch's own opt-out of sharing the agent's store: we never use it
         assert set(a[rank]) == set(b[rank]) - ours_only - {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
     # one master for the whole job, picked by node 0, a fresh port

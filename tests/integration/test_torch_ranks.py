@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.process.native import FLIGHT_RECORDER
 from tests.support import RANKS, TRAIN, Daemon, rank_pids, wait_until
 
 pytestmark = pytest.mark.torch
@@ -56,7 +57,7 @@ def test_ranks_get_the_environment_torchrun_gives_them(start: Start, tmp_path: P
         a = json.loads((theirs / f"rank{rank}.json").read_text())
         b = json.loads((ours / f"rank{rank}.json").read_text())
         env_a, env_b = a.pop("env"), b.pop("env")
-        ours_only = {k for k in env_b if k.startswith("FT_SUPERVISOR_")}
+        ours_only = {k for k in env_b if k.startswith("FT_SUPERVISOR_")} | FLIGHT_RECORDER
         assert set(env_a) == set(env_b) - ours_only
         differ = {k for k in env_a if env_a[k] != env_b[k]}
         assert differ <= MUST_DIFFER, {k: (env_a[k], env_b[k]) for k in differ - MUST_DIFFER}
