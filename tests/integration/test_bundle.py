@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from supervisor.process.native import py_spy
-from tests.support import RANKS, Daemon
+from tests.support import RANKS, Daemon, wait_until
 
 Start = Callable[..., Daemon]
 
@@ -77,3 +78,38 @@ def test_the_users_own_flight_recorder_settings_stand(start: Start, tmp_path: Pa
     _, manifest = _bundle(d)
     assert sorted(r["flight_recorder"] for r in manifest["ranks"]) == [str(tmp_path / "mine_0"),
                                                                         str(tmp_path / "mine_1")]  # fmt: skip
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_bundle_that_cannot_be_written_does_not_hold_the_restart(
+    tmp_path: Path, daemons: list[Daemon]
+) -> None:
+    """The run directory's file system is full when rank 1 hangs: the bundle is
+    reported unwritable and the job restarts all the same."""
+    home = tmp_path / "d"
+    logs = home / "logs"
+    logs.mkdir(parents=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(logs)], check=False).returncode:
+        pytest.skip("no tmpfs can be mounted here")
+    filler = logs / "filler"
+    try:
+        d = Daemon(home, ("--nproc-per-node", "2", "--preload", "none", "--no-standby", "--max-restarts", "1",
+                          "--ft-rank-heartbeat-timeout", "0.5", "--ft-stack-dump-timeout", "0.5",
+                          str(RANKS / "monitored.py"), "--heartbeat", "--steps", "30", "--step-time", "0.05",
+                          "--hang-at", "20"))  # fmt: skip
+        daemons.append(d)
+        wait_until(lambda: "generation_started generation=0" in d.stderr(), 30, "generation 0")
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+        try:
+            with pytest.raises(OSError, match="No space left"):
+                while True:  # to the last block
+                    os.write(fd, b"\0" * 65536)
+        finally:
+            os.close(fd)
+        wait_until(lambda: "generation_started generation=1" in d.stderr(), 30, "the restart")
+        filler.unlink()
+        assert d.wait(60) == 0, d.story()
+        assert "hang_bundle_unwritable" in d.stderr() and "No space left" in d.stderr(), d.stderr()
+    finally:
+        filler.unlink(missing_ok=True)
+        subprocess.run(["umount", "-l", str(logs)], check=False)

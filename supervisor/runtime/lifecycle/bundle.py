@@ -38,6 +38,7 @@ from supervisor.runtime.records.reason import write_atomically
 
 BUNDLE = "hang-bundle"
 MANIFEST = "bundle.json"
+WRITE_TIMEOUT = 5.0  # seconds the restart may wait for the bundle's files
 
 
 @dataclass
@@ -146,10 +147,13 @@ async def write(
     }
     where = root / BUNDLE
     try:
-        await asyncio.to_thread(_write, where, manifest, files)
-    except OSError as exc:
+        # a run directory on a stalled file system must not hold the restart: the
+        # thread may finish later, the restart does not wait for it
+        await asyncio.wait_for(asyncio.to_thread(_write, where, manifest, files), WRITE_TIMEOUT)
+    except (OSError, TimeoutError) as exc:
+        why = f"not written within {WRITE_TIMEOUT:g} s" if isinstance(exc, TimeoutError) else exc.strerror
         events.emit("hang_bundle_unwritable", logging.WARNING, generation=gen.number, path=str(where),
-                    error=exc.strerror or str(exc))  # fmt: skip
+                    error=why or str(exc))  # fmt: skip
         return None
     events.emit(
         "hang_bundle",
