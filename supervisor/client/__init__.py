@@ -326,6 +326,7 @@ def advised_checkpoint_interval(*, timeout: float = ADVICE_TIMEOUT) -> float | N
     or it cannot advise yet: no ``checkpointing`` section completed (the section must be
     monitored: ``--ft-rank-section-timeouts checkpointing:none``), or no failure seen
     and no ``--mtbf`` prior. A round trip to the daemon: ask after a save, not every step.
+    Ranks that save together must agree on when: let one ask and broadcast the answer.
     """
     advice = checkpoint_interval_advice(timeout=timeout)
     seconds = None if advice is None else advice.get("seconds")

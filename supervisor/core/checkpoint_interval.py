@@ -182,7 +182,7 @@ class Advisor:
             tf = None
         why = ""
         if ts is None:
-            why = "no save measured yet (a completed `checkpointing` section)"
+            why = "no save measured yet (a completed `checkpointing` section, when monitored)"
         elif tf is None:
             why = "no failure seen yet: the mean time to failure is unknown (--mtbf gives a prior)"
         seconds = None if why else optimal_interval(ts or 0.0, tf or 0.0, tr or 0.0)

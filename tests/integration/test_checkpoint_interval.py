@@ -75,7 +75,7 @@ def test_the_advice_follows_the_formula_on_the_measured_figures(start: Start, tm
     last = [x for x in lines if x["generation"] == 1][-1]
     a = last["advice"]
     assert (a["failures"], a["recoveries"]) == (1, 1)
-    assert SAVE_TIME <= a["ts"] < SAVE_TIME + 0.15
+    assert SAVE_TIME - 0.05 <= a["ts"] < SAVE_TIME + 0.3  # the daemon times the messages it reads
     assert a["tr"] == pytest.approx(tr, abs=1e-6)
     assert tf_at(last["before"]) - 1e-6 <= a["tf"] <= tf_at(last["after"]) + 1e-6
     assert a["seconds"] == pytest.approx(_formula(a), rel=1e-12)

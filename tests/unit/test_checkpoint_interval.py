@@ -168,7 +168,8 @@ def test_news_is_an_advice_appearing_a_failure_or_recovery_more_or_a_material_mo
 def test_describe() -> None:
     a = Advisor()
     assert describe(a.advice(0.0).to_json()) == (
-        "checkpoint interval: no advice yet: no save measured yet (a completed `checkpointing` section)"
+        "checkpoint interval: no advice yet: no save measured yet (a completed `checkpointing` section, "
+        "when monitored)"
     )
     a.saved(0.25)
     _feed(a, *_generation(0, 1.0), *_steps(0, 2.0), _crash(0, 12.1))
