@@ -115,4 +115,5 @@ def test_the_advice_follows_the_formula_on_the_measured_figures(start: Start, tm
     assert reported == {k: v for k, v in told[-1].items() if k not in ("event", "run_id")}
     text = subprocess.run([sys.executable, "-m", "supervisor", "report", str(run_dir)],
                           capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
-    assert f"checkpoint interval: advised {told[-1]['seconds']:.2f} s" in text
+    line = f"checkpoint interval: advised {told[-1]['seconds']:.2f} s"
+    assert line in text and line in (run_dir / "report.html").read_text()
