@@ -93,7 +93,8 @@ class _Generation:
 
 
 class Advisor:
-    """Fed save times (``saved``) and the daemon's events (``add``), in order."""
+    """Fed save times (``saved``) and the daemon's events (``add``), in order; what it is
+    fed never makes it raise (an event without the fields it reads is ignored)."""
 
     def __init__(self, mtbf: float | None = None) -> None:
         if mtbf is not None and not (math.isfinite(mtbf) and mtbf > 0):
@@ -117,24 +118,27 @@ class Advisor:
 
     def add(self, name: str, record: Mapping[str, Any]) -> bool:
         """File one event; True when it changed Tf or Tr (a failure, a recovery)."""
-        recovered = self._recovery.add(name, record)
+        try:
+            recovered = self._recovery.add(name, record)
+        except (KeyError, TypeError, ValueError):  # it reads the fields it needs unchecked
+            recovered = None
         if recovered is not None:
             self._recoveries.append(recovered)
             self._recovered += 1
-        generation, t = record.get("generation"), record.get("t_mono")
+        generation, t, rank = record.get("generation"), record.get("t_mono"), record.get("rank")
         if not isinstance(generation, int) or not isinstance(t, int | float):
             return recovered is not None
         failed = False
-        if name == "rank_spawned":
-            self._gens.setdefault(generation, _Generation()).ranks.add(int(record["rank"]))
+        if name == "rank_spawned" and isinstance(rank, int):
+            self._gens.setdefault(generation, _Generation()).ranks.add(rank)
         elif name == "node_moved":
             self._gens.pop(generation, None)  # respawned for the node's new place: new ranks
         elif name == "generation_started":
             self._current = generation
             # prepared generations that never started are forgotten, and so are old ones
             self._gens = {g: gen for g, gen in self._gens.items() if g >= generation}
-        elif name == "rank_stepping":
-            self._stepped(generation, int(record["rank"]), float(t))
+        elif name == "rank_stepping" and isinstance(rank, int):
+            self._stepped(generation, rank, float(t))
         elif name == "generation_ended":
             self._over(generation, float(t))
         elif is_failure(name, record) and generation == self._current:

@@ -176,3 +176,13 @@ def test_describe() -> None:
     line = describe(a.advice(13.0).to_json())
     assert line.startswith(f"checkpoint interval: advised {optimal_interval(0.25, 10, 0):.2f} s")
     assert "Ts 0.25 s" in line and "Tf 10.00 s" in line and "1 failure(s)" in line and "Tr -" in line
+
+
+def test_events_without_the_fields_it_reads_are_ignored() -> None:
+    a = Advisor()
+    for name in ("rank_spawned", "rank_stepping", "generation_started", "rank_exited", "rank_hung"):
+        assert a.add(name, {"event": name}) is False
+        assert a.add(name, {"event": name, "generation": 0}) is False
+        assert a.add(name, {"event": name, "generation": 0, "t_mono": "soon", "rank": "one"}) is False
+    assert a.add("rank_spawned", {"generation": 0, "t_mono": 1.0}) is False
+    assert a.advice(2.0).trained == 0.0
