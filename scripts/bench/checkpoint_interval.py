@@ -8,9 +8,10 @@ a save takes ``--save-time`` seconds; generation g fails after an exponential ti
 of mean ``--mtbf`` seconds (drawn from the seed and g, so every policy meets the
 same failures), and ``ft-supervisor run`` restarts it from its last save. Policies:
 a save every ``--fixed`` seconds; the advised interval
-(``client.advised_checkpoint_interval()``, asked after every save, the largest
-fixed interval until the daemon advises); the same with ``--mtbf`` given to the
-daemon as a prior.
+(``client.advised_checkpoint_interval()``, asked after every save, the shortest
+fixed interval until the daemon advises: there is no advice before a save was
+measured, so a first interval longer than the time to failure would never let one
+be); the same with ``--mtbf`` given to the daemon as a prior.
 
 Figures, per policy, means over the seeds: the wall time (the daemon's
 ``run_started`` to ``run_finished``), goodput (the work over the wall time),
@@ -97,9 +98,9 @@ def one(
 
 
 def _policies(args: argparse.Namespace, fixed: list[float]) -> list[tuple[str, str, bool]]:
-    start = f"advised:{max(fixed):g}"
+    start = f"advised:{min(fixed):g}"
     return [*((f"every {x:g} s", f"{x:g}", False) for x in fixed),
-            (f"advised ({max(fixed):g} s until advised)", start, False),
+            (f"advised ({min(fixed):g} s until advised)", start, False),
             (f"advised, --mtbf {args.mtbf:g} prior", start, True)]  # fmt: skip
 
 
