@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 import zmq
 
+from supervisor.core import checkpoint_interval
 from supervisor.log import format_fields
 from supervisor.transport.endpoints import running_daemons
 
@@ -217,6 +218,8 @@ def render_status(s: dict[str, Any]) -> str:
         state = f"ready after {sb.get('seconds')} s" if sb.get("ready") else "preloading"
         lines.append(f"standby:  generation {sb.get('generation')}, {sb.get('ranks')} ranks, {state}"
                      + (f" ({sb['priority']} priority)" if sb.get("priority") else ""))
+    if s.get("checkpoint_interval"):
+        lines.append(checkpoint_interval.describe(s["checkpoint_interval"]))
     if s.get("dropped"):
         lines.append("dropped messages: " + format_fields(s["dropped"]))
     if s.get("job"):

@@ -35,6 +35,7 @@ def add_commands(sub: Any) -> None:
 
 def _report(ns: argparse.Namespace) -> int:
     # imported here: `ft-supervisor run` never pays for the report's modules
+    from supervisor.core.checkpoint_interval import describe  # noqa: PLC0415
     from supervisor.runreport import page  # noqa: PLC0415
     from supervisor.runreport.summary import build, text  # noqa: PLC0415
 
@@ -50,6 +51,7 @@ def _report(ns: argparse.Namespace) -> int:
             incidents=report.incidents,
             sessions=len(report.sessions),
             timeline=report.timeline,
+            advice=None if report.advice is None else describe(report.advice),
         )
         _write(target, content)
     except ConfigError as exc:

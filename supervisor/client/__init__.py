@@ -44,7 +44,9 @@ from supervisor.transport.schema import MAX_CAUSES, MAX_TRACEBACK, RequestAction
 __all__ = [
     "RequestAction",
     "SaveRequest",
+    "advised_checkpoint_interval",
     "calculate_timeouts",
+    "checkpoint_interval_advice",
     "end_all_sections",
     "end_section",
     "heartbeat",
@@ -69,6 +71,7 @@ STACK_SIGNAL = signal.SIGRTMIN + 4
 # messages to leave (with a live daemon they leave at once)
 SHUTDOWN_LINGER_MS = 500
 REQUEST_ACK_TIMEOUT = 2.0
+ADVICE_TIMEOUT = 0.5  # an idle daemon answers in well under a millisecond
 
 
 class _Client:
@@ -312,6 +315,37 @@ def calculate_timeouts(
     if isinstance(timeouts, dict):
         c.timeouts = timeouts
     return reply.get("ready") is True
+
+
+def advised_checkpoint_interval(*, timeout: float = ADVICE_TIMEOUT) -> float | None:
+    """The checkpoint interval the daemon advises, in seconds from one save's start to the
+    next's: ``Ts + sqrt(2 (Tf + Tr) Ts + Ts^2)`` on what it measured of this run (the
+    saves' time, the mean time to failure, the recoveries' time).
+
+    None when no daemon supervises this rank, none answered within ``timeout`` seconds,
+    or it cannot advise yet: no ``checkpointing`` section completed (the section must be
+    monitored: ``--ft-rank-section-timeouts checkpointing:none``), or no failure seen
+    and no ``--mtbf`` prior. A round trip to the daemon: ask after a save, not every step.
+    Ranks that save together must agree on when: let one ask and broadcast the answer.
+    """
+    advice = checkpoint_interval_advice(timeout=timeout)
+    seconds = None if advice is None else advice.get("seconds")
+    return float(seconds) if isinstance(seconds, int | float) and not isinstance(seconds, bool) else None
+
+
+def checkpoint_interval_advice(*, timeout: float = ADVICE_TIMEOUT) -> dict[str, Any] | None:
+    """The daemon's whole advice (``seconds`` and what it was computed from: ``ts``,
+    ``tf``, ``tr``, the counts, ``why`` when there is none); None when no daemon answered
+    within ``timeout`` seconds."""
+    c = _held.client or _get()
+    if c is None:
+        return None
+    request_id = uuid.uuid4().hex[:16]
+    c.send("checkpoint_interval", id=request_id)
+    reply = c.channel.await_reply(request_id, timeout)
+    if reply is None:
+        return None
+    return {k: v for k, v in reply.items() if k not in ("v", "type", "id")}
 
 
 def on_save(callback: SaveCallback | None) -> bool:

@@ -7,6 +7,7 @@ failure is a ConfigError naming the option.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import uuid
 from collections.abc import Mapping
@@ -162,6 +163,7 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         save_timeout=_positive("--save-timeout", ns.save_timeout),
         finished_flag=_finished_flag(ns),
         autoresume=ns.autoresume,
+        mtbf=_mtbf(ns.mtbf),
         stop_signals=stops,
         standby=not ns.no_standby and ns.max_restarts > 0,
         cgroups=not ns.no_cgroups,
@@ -175,6 +177,12 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         checkpoint=checkpoint,
         health=health.from_namespace(ns, environ),
     )
+
+
+def _mtbf(value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"--mtbf {value}: expected a positive number of seconds")
+    return value
 
 
 def _finished_flag(ns: argparse.Namespace) -> Path | None:

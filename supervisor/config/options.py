@@ -217,6 +217,15 @@ def add_supervisor_options(f: Any) -> None:
         action="store_true",
         help="let ranks run CPython's full garbage collection at exit (0.4-0.7 s with torch)",
     )
+    _opt(
+        f,
+        "--mtbf",
+        type=float,
+        default=None,
+        help="a prior for the mean time between failures, in seconds of training: the advised "
+        "checkpoint interval starts from it before the run has failed, and moves towards "
+        "what is measured as failures come",
+    )
     _opt(f, "--log-level", default="info", choices=["debug", "info", "warning", "error"],
          action=hosting.StoreGiven, help="the daemon's log level (default info)")  # fmt: skip
     _opt(

@@ -158,6 +158,7 @@ class RunConfig:
     save_timeout: float = 60.0  # the dying gasp: how long ranks with a save callback get to save
     finished_flag: Path | None = None  # FAULT_TOL_FINISHED_FLAG_FILE: training is complete when it exists
     autoresume: bool = False  # create finished_flag when the job completes
+    mtbf: float | None = None  # a prior mean time between failures, for the advised checkpoint interval
     stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
     standby: bool = True
     cgroups: bool = True  # a cgroup per generation where one can be created

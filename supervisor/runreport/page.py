@@ -112,6 +112,7 @@ def render(
     incidents: list[tuple[int, Incident]],
     sessions: int,
     timeline: Timeline,
+    advice: str | None = None,
 ) -> str:
     wall, goodput = summary.wall, summary.goodput
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(timeline.origin))
@@ -135,6 +136,7 @@ def render(
             "<h2>Where the time went</h2>",
             f'<p><span class="good">{100 * goodput:.1f} %</span> goodput &middot; {_e(facts)}</p>',
             summary_table(summary),
+            *([f"<p>{_e(advice)}</p>"] if advice else []),
             "<h2>Incidents</h2>",
             incidents_table(incidents, timeline.origin, several=sessions > 1),
             "<h2>What was read</h2>",

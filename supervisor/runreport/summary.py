@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from supervisor.core import checkpoint_interval
 from supervisor.core.goodput import Incident, Ledger, Summary
 from supervisor.runreport import reader, timeline
 from supervisor.runreport.reader import DaemonRun, Session, Skipped
@@ -28,6 +29,8 @@ class Report:
     incidents: list[tuple[int, Incident]]  # (session index, incident)
     gaps: float  # seconds between sessions
     timeline: timeline.Timeline
+    # the last checkpoint_interval_advised event (its fields): the advice the run ended with
+    advice: dict[str, Any] | None = None
 
     @property
     def skipped(self) -> list[Skipped]:
@@ -68,6 +71,7 @@ class Report:
                 for session, s in zip(self.sessions, self.summaries, strict=True)
             ],
             "between_sessions": self.gaps,
+            "checkpoint_interval": self.advice,
             "skipped": [{"path": str(s.path), "line": s.line, "why": s.why} for s in self.skipped],
         }
 
@@ -85,7 +89,16 @@ def build(root: Path) -> Report:
     incidents = [(i, inc) for i, s in enumerate(summaries) for inc in s.incidents]
     total, incidents, gaps = _combine(sessions, summaries, incidents)
     plot = timeline.build(sessions, [i for _, i in incidents], total.ended_at)
-    return Report(root, runs, sessions, summaries, total, incidents, gaps, plot)
+    return Report(root, runs, sessions, summaries, total, incidents, gaps, plot, last_advice(sessions))
+
+
+def last_advice(sessions: list[Session]) -> dict[str, Any] | None:
+    """The last advised checkpoint interval told (any node), without the event's envelope."""
+    told = [e for s in sessions for e in s.events if e["event"] == "checkpoint_interval_advised"]
+    if not told:
+        return None
+    last = max(told, key=lambda e: float(e["t_wall"]))
+    return {k: v for k, v in last.items() if k not in ("event", "run_id")}
 
 
 def _combine(
@@ -171,6 +184,8 @@ def text(report: Report, html_path: Path | None) -> str:
         f"  {s.generations} generation(s), {s.restarts} restart(s), "
         f"{s.checkpoints} checkpoint report(s){iteration}"
     )
+    if report.advice is not None:
+        out.append("  " + checkpoint_interval.describe(report.advice))
     out += ["", _incidents_text(report)]
     if html_path is not None:
         out += ["", f"html: {html_path}"]

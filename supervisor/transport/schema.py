@@ -126,6 +126,16 @@ class Calculate:
 
 
 @dataclass(frozen=True, slots=True)
+class AdviceQuery:
+    """The workload asks for the checkpoint interval the daemon advises; the answer is an
+    ack carrying it (``supervisor.core.checkpoint_interval.Advice``)."""
+
+    rank: int
+    gen: int
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
 class WorkloadRequest:
     rank: int
     gen: int
@@ -185,6 +195,7 @@ RankMessage = (
     | Checkpoint
     | LoadTimeouts
     | Calculate
+    | AdviceQuery
     | WorkloadRequest
     | ExceptionReport
     | Bye
@@ -336,6 +347,7 @@ _DECODERS: dict[str, Callable[[dict[str, Any], int, int], RankMessage]] = {
     "checkpoint": _decode_checkpoint,
     "timeouts": _decode_timeouts,
     "calculate": _decode_calculate,
+    "checkpoint_interval": lambda m, rank, gen: AdviceQuery(rank, gen, _str(m, "id", limit=64) or ""),
     "request": _decode_request,
     "exception": _decode_exception,
     "bye": lambda m, rank, gen: Bye(rank, gen),

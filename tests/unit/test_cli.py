@@ -63,6 +63,7 @@ def script(tmp_path: Path) -> Path:
         (["--start-method", "thread"], "invalid choice: 'thread'"),
         (["--autoresume"], "--autoresume needs the file to create: --finished-flag-file PATH"),
         (["--save-timeout", "-1"], "--save-timeout -1.0: must be >= 0"),
+        (["--mtbf", "0"], "--mtbf 0.0: expected a positive number of seconds"),
     ],
 )
 def test_bad_options_exit_2_with_a_clear_message(
@@ -112,6 +113,13 @@ def test_supervisord_in_the_same_environment_is_named(script: Path, tmp_path: Pa
 def _parse(*argv: str) -> object:
     ns = build_parser().parse_args(["run", *argv])
     return build_run_config(ns, {})
+
+
+def test_a_prior_mean_time_between_failures(script: Path) -> None:
+    assert _parse(str(script)).mtbf is None  # type: ignore[attr-defined]
+    assert _parse("--mtbf", "3600", str(script)).mtbf == 3600.0  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="--mtbf nan"):
+        _parse("--mtbf", "nan", str(script))
 
 
 def test_torchrun_spellings_and_defaults(script: Path) -> None:

@@ -45,6 +45,7 @@ def test_every_rank_message_round_trips() -> None:
                           pid=77),
             schema.ExceptionReport(1, 2, "E", "m", "", (), 77),
         ),
+        (schema.encode("checkpoint_interval", rank=1, gen=2, id="a1"), schema.AdviceQuery(1, 2, "a1")),
         (schema.encode("bye", rank=1, gen=2), schema.Bye(1, 2)),
         (schema.encode("saver", rank=1, gen=2, pid=9, id="s1"), schema.SaverReady(1, 2, 9, "s1")),
         (

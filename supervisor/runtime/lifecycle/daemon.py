@@ -55,6 +55,7 @@ from supervisor.runtime.records import statefile
 from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.records.health import NodeHealth
 from supervisor.runtime.records.rundir import RunDir
+from supervisor.runtime.services.checkpoint_interval import IntervalAdvice
 from supervisor.runtime.services.control import ControlServer
 from supervisor.runtime.services.kernellog import KernelLog
 from supervisor.runtime.services.loopwatch import LoopWatch
@@ -108,6 +109,8 @@ class Supervisor:
         self.events.publish = self.publisher.publish
         self.loop_watch = LoopWatch(self.clock, self.events)
         self.monitor = self._make_monitor(sockets)
+        self.advice = IntervalAdvice(self.events, self.clock, self.cfg.mtbf)
+        self.monitor.on_save, self.monitor.advice = self.advice.saved, self.advice.describe
         self.judge = Judge(self.cfg, self.events, self.clock)
         self.health = NodeHealth(self.cfg.health, self.events, self.clock, self.cfg.run_id)
         self.kernel = KernelLog(self.events)
@@ -534,6 +537,7 @@ class Supervisor:
         out["loop"] = {"worst_lag": round(lw.worst_lag, 4), "stalls": len(lw.stalls),
                        "stalled_seconds": round(lw.stalled_total, 3)}  # fmt: skip
         out["standby"] = self._launcher.standby
+        out["checkpoint_interval"] = self.advice.describe()
         return out
 
     def _status_of_ranks(self) -> dict[str, Any]:

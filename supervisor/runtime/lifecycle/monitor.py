@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from supervisor.core.learning import Calculation, Learned, calculate, observe
+from supervisor.core.learning import CHECKPOINTING, Calculation, Learned, calculate, observe
 from supervisor.core.topology import rank_key
 from supervisor.core.types import ReportedException
 from supervisor.core.watch import Hang, RankWatch, Timeouts
@@ -93,6 +93,10 @@ class Monitor:
         self._identity: bytes | None = None  # the sender of the message being handled
         self._told_unmonitored = False
         self._handler_errors: set[str] = set()  # message kinds whose handling raised (told once)
+        # the checkpoint interval advice (runtime.services.checkpoint_interval): a save's time
+        # goes to it, and a rank's question is answered from it
+        self.on_save: Callable[[int, float], None] = lambda rank, seconds: None
+        self.advice: Callable[[], dict[str, object]] = lambda: {"seconds": None}
 
     # -- generations ----------------------------------------------------------------
 
@@ -268,8 +272,8 @@ class Monitor:
                 self._hello(m, watch)
             case schema.LoadTimeouts(timeouts=raw):
                 self._load_timeouts(m.rank, raw)
-            case schema.Calculate():
-                self._calculate(m)
+            case schema.Calculate() | schema.AdviceQuery():
+                self._answer(m)
             case schema.WorkloadRequest():
                 self.requests.append(m)
                 self._ack(m.id)
@@ -300,9 +304,16 @@ class Monitor:
             else:
                 self._drop(Dropped(DropReason.UNMONITORED_SECTION, m.name[:64]))
         elif m.name is not None:
-            watch.close_section(m.name, now, self.timeouts, failed=m.failed)
+            opened = watch.open_sections.get(m.name)
+            if watch.close_section(m.name, now, self.timeouts, failed=m.failed) and opened is not None:
+                self._saved(m, now - opened)
         if m.iteration is not None:
             watch.iteration = m.iteration
+
+    def _saved(self, m: schema.Section, seconds: float) -> None:
+        """A save completed (a healthy ``checkpointing`` section): what its time advises."""
+        if m.name in CHECKPOINTING and not m.failed:
+            self.on_save(m.rank, seconds)
 
     def _exception(self, m: schema.ExceptionReport, now: float) -> None:
         if m.pid is not None and m.pid != self.pids.get(m.rank, m.pid):
@@ -378,6 +389,13 @@ class Monitor:
             detail="heartbeats arrive but no heartbeat timeout is in force: set --ft-rank-heartbeat-timeout, "
             "or have the workload calculate it (calculate_and_set_hb_timeouts)",
         )  # fmt: skip
+
+    def _answer(self, m: schema.Calculate | schema.AdviceQuery) -> None:
+        """A question the workload waits on: the answer comes back on its own socket."""
+        if isinstance(m, schema.AdviceQuery):
+            self._ack(m.id, **self.advice())
+        else:
+            self._calculate(m)
 
     def _calculate(self, m: schema.Calculate) -> None:
         """The workload's own calculation (nvidia-resiliency-ext's calculate_and_set_*):

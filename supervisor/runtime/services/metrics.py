@@ -245,6 +245,28 @@ class Metrics:
         for reason, n in (status.get("dropped") or {}).items():
             dropped.add_metric([*base, reason], n)
         yield from (received, dropped)
+        yield from _advice(status.get("checkpoint_interval"), base)
+
+
+def _advice(advice: Mapping[str, Any] | None, base: list[str]) -> Iterator[Metric]:
+    """The advised checkpoint interval and its inputs, those known (README: checkpoint interval)."""
+    from prometheus_client.metrics_core import GaugeMetricFamily  # noqa: PLC0415
+
+    if not advice:
+        return
+    if advice.get("seconds") is not None:
+        advised = GaugeMetricFamily(PREFIX + "checkpoint_interval_advised_seconds",
+                                    "the availability-optimal checkpoint interval, on this run's figures",
+                                    labels=BASE)  # fmt: skip
+        advised.add_metric(base, advice["seconds"])
+        yield advised
+    inputs = GaugeMetricFamily(PREFIX + "checkpoint_interval_input_seconds",
+                               "what the advice is computed from: ts (a save), tf (mean time to "
+                               "failure), tr (a recovery)", labels=(*BASE, "input"))  # fmt: skip
+    for name in ("ts", "tf", "tr"):
+        if advice.get(name) is not None:
+            inputs.add_metric([*base, name], advice[name])
+    yield inputs
 
 
 def start_metrics(
