@@ -1,0 +1,72 @@
+"""Straggler detection in the daemon: samples in, events and decisions out.
+
+The monitor hands over each step's own work as it arrives (a client's timing, or
+a ``step`` section's length); ``core.stragglers`` scores the node's ranks at most
+once per interval. A change is one event (``straggler_detected`` with rank,
+node, score and window; ``straggler_cleared``), and a detection goes to ``act``,
+where the daemon applies ``--straggler-action``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from supervisor.core.stragglers import Change, StragglerSettings, Tracker
+from supervisor.runtime.clock import Clock
+from supervisor.runtime.records.events import EventLog
+
+
+class Stragglers:
+    def __init__(
+        self,
+        settings: StragglerSettings,
+        events: EventLog,
+        clock: Clock,
+        generation: Callable[[], int | None],
+        act: Callable[[Change], None] = lambda change: None,
+    ) -> None:
+        self.settings = settings
+        self.node = socket.gethostname()
+        self._events = events
+        self._clock = clock
+        self._generation = generation  # the monitor's: samples of another generation start afresh
+        self._act = act
+        self._tracker = Tracker(settings)
+        self._of: int | None = None
+
+    def work(self, rank: int, seconds: float, measured: bool) -> None:
+        """One step's own work of ``rank`` (``measured``: by its client, waits taken out)."""
+        if not self.settings.enabled:
+            return
+        generation = self._generation()
+        if generation != self._of:
+            self._tracker, self._of = Tracker(self.settings), generation
+        self._tracker.add(rank, seconds, measured=measured)
+        now = self._clock.monotonic()
+        if self._tracker.due(now):
+            for change in self._tracker.evaluate(now):
+                self._tell(change)
+
+    def _tell(self, c: Change) -> None:
+        name = "straggler_detected" if c.detected else "straggler_cleared"
+        self._events.emit(
+            name, logging.WARNING if c.detected else logging.INFO, generation=self._of, rank=c.rank,
+            node=self.node, score=round(c.score, 3), window=c.samples, work=round(c.work, 6),
+            reference=round(c.reference, 6), sustained=round(c.sustained, 3),
+            action=str(self.settings.action),
+        )  # fmt: skip
+        if c.detected:
+            self._act(c)
+
+    def annotate(self, rows: list[dict[str, Any]]) -> None:
+        """Add each rank's score (None until its window is full) and flag to status rows."""
+        if not self.settings.enabled:
+            return
+        for row in rows:
+            standing = self._tracker.standing(row["rank"])
+            score = None if standing is None else standing.score
+            row["straggler_score"] = None if score is None else round(score, 3)
+            row["straggler"] = standing is not None and standing.flagged
