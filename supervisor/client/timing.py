@@ -86,11 +86,10 @@ class StepTimer:
 
 def ddp_hook(timer: StepTimer, inner: Callable[[Any, Any], Any] | None = None) -> Callable[[Any, Any], Any]:
     """A DDP communication hook: ``inner`` (default: DDP's own all-reduce), timed."""
-    if inner is None:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: PLC0415 - torch only here
+    import torch  # noqa: PLC0415 - torch only here, never for a torch-free workload
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: PLC0415
 
-        inner = default_hooks.allreduce_hook
-    run = inner
+    run = default_hooks.allreduce_hook if inner is None else inner
 
     def done(fut: Any) -> Any:
         timer.bucket_done()
@@ -100,5 +99,9 @@ def ddp_hook(timer: StepTimer, inner: Callable[[Any, Any], Any] | None = None) -
         timer.bucket_ready(bucket.is_last())
         return run(state, bucket).then(done)
 
+    # DDP checks a hook's annotations as objects; this module's are strings (postponed)
+    from torch.distributed import GradBucket  # type: ignore[attr-defined]  # noqa: PLC0415
+
+    hook.__annotations__ = {"bucket": GradBucket, "return": torch.futures.Future[torch.Tensor]}
     timer.ddp = True
     return hook

@@ -1,0 +1,62 @@
+"""Straggler detection with real ranks: sleeps without communication, and a real
+DDP job on gloo whose ranks time their steps through the client's hook."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tests.support import RANKS, Daemon
+
+Start = Callable[..., Daemon]
+# quick to fill and to sustain: a test lasts seconds, not the minutes of the defaults
+FAST = ("--straggler-window", "8", "--straggler-warmup", "2", "--straggler-sustain", "0.5")
+SECTIONS = ("--ft-rank-section-timeouts", "step:none,checkpointing:none")
+
+
+def test_a_rank_sleeping_longer_is_flagged_and_its_peer_is_not(start: Start) -> None:
+    d = start("--nproc-per-node", "2", *FAST, *SECTIONS, str(RANKS / "straggling.py"),
+              "--steps", "70", "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3")  # fmt: skip
+    found = d.wait_event("straggler_detected", timeout=30)
+    assert found[0]["rank"] == 1, d.story()
+    assert 1.2 <= found[0]["score"] <= 1.45, found
+    assert found[0]["window"] == 8 and found[0]["node"]
+    assert d.wait() == 0, d.story()
+    assert {e["rank"] for e in d.events("straggler_detected")} == {1}
+    assert not d.events("decision")  # --straggler-action report: the job goes on
+
+
+@pytest.mark.torch
+def test_a_ddp_rank_computing_longer_is_flagged_and_its_peer_is_not(start: Start) -> None:
+    d = start("--nproc-per-node", "2", *FAST, str(RANKS / "ddp_straggling.py"),
+              "--steps", "70", "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3")  # fmt: skip
+    found = d.wait_event("straggler_detected", timeout=60)
+    assert found[0]["rank"] == 1, d.story()
+    assert d.wait() == 0, d.story()
+    assert {e["rank"] for e in d.events("straggler_detected")} == {1}
+
+
+def test_a_healthy_run_with_evaluation_and_checkpoints_flags_nobody(start: Start) -> None:
+    d = start("--nproc-per-node", "2", *FAST, *SECTIONS, str(RANKS / "straggling.py"),
+              "--steps", "60", "--step-time", "0.04", "--eval-every", "20", "--eval-time", "0.3",
+              "--save-every", "15", "--save-time", "0.4", "--bad-timing")  # fmt: skip
+    assert d.wait() == 0, d.story()
+    assert not d.events("straggler_detected"), d.story()
+    # rank 0's malformed timings: dropped, told once in one line, the run unharmed
+    dropped = [e for e in d.events("message_dropped") if e["reason"] == "bad_timing"]
+    assert len(dropped) == 1, d.events("message_dropped")
+    assert "work 'fast'" in dropped[0]["detail"]
+
+
+def test_straggler_action_restart_restarts_within_the_budget(start: Start) -> None:
+    d = start("--nproc-per-node", "2", "--max-restarts", "1", "--straggler-action", "restart", *FAST,
+              *SECTIONS, str(RANKS / "straggling.py"),
+              "--steps", "70", "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3")  # fmt: skip
+    decision = d.wait_event("decision", timeout=30)[0]
+    assert decision["action"] == "restart" and decision["reason"] == "straggler", decision
+    assert "rank 1" in decision["detail"]
+    # the budget spent, generation 1 straggles too: reported, never acted on
+    d.wait_event("straggler_detected", where=lambda e: e["generation"] == 1, timeout=30)
+    assert d.wait() == 0, d.story()
+    assert len(d.events("decision")) == 1
