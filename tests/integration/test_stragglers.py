@@ -3,19 +3,23 @@ DDP job on gloo whose ranks time their steps through the client's hook."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from supervisor.cli import main
 from tests.support import RANKS, Daemon
 
 Start = Callable[..., Daemon]
+RESCHEDULE = 200  # the reschedule exit code's default
 # quick to fill and to sustain: a test lasts seconds, not the minutes of the defaults
 FAST = ("--straggler-window", "8", "--straggler-warmup", "2", "--straggler-sustain", "0.5")
 SECTIONS = ("--ft-rank-section-timeouts", "step:none,checkpointing:none")
 
 
-def test_a_rank_sleeping_longer_is_flagged_and_its_peer_is_not(start: Start) -> None:
+def test_a_rank_sleeping_longer_is_flagged_and_its_peer_is_not(start: Start, tmp_path: Path) -> None:
     d = start("--nproc-per-node", "2", *FAST, *SECTIONS, str(RANKS / "straggling.py"),
               "--steps", "70", "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3")  # fmt: skip
     found = d.wait_event("straggler_detected", timeout=30)
@@ -25,6 +29,11 @@ def test_a_rank_sleeping_longer_is_flagged_and_its_peer_is_not(start: Start) -> 
     assert d.wait() == 0, d.story()
     assert {e["rank"] for e in d.events("straggler_detected")} == {1}
     assert not d.events("decision")  # --straggler-action report: the job goes on
+    # the run report marks it on rank 1's lane
+    page = tmp_path / "report.html"
+    run_dir = d.run_dir()
+    assert run_dir is not None and main(["report", str(run_dir), "--html", str(page)]) == 0
+    assert page.read_text().count('class="fault straggler"') == 1
 
 
 @pytest.mark.torch
@@ -60,3 +69,19 @@ def test_straggler_action_restart_restarts_within_the_budget(start: Start) -> No
     d.wait_event("straggler_detected", where=lambda e: e["generation"] == 1, timeout=30)
     assert d.wait() == 0, d.story()
     assert len(d.events("decision")) == 1
+
+
+def test_straggler_action_reschedule_sends_the_node_away_and_marks_its_ledger(
+    start: Start, tmp_path: Path
+) -> None:
+    state = tmp_path / "node-state"
+    d = start("--nproc-per-node", "2", "--max-restarts", "1", "--straggler-action", "reschedule", *FAST,
+              *SECTIONS, "--node-state-dir", str(state), str(RANKS / "straggling.py"),
+              "--steps", "200", "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3")  # fmt: skip
+    assert d.wait() == RESCHEDULE, d.story()
+    (decision,) = d.events("decision")
+    assert decision["action"] == "reschedule" and decision["reason"] == "straggler", decision
+    (marked,) = d.events("node_health_marked")
+    assert marked["kind"] == "straggler"
+    ledger = json.loads((state / "node-health.json").read_text())
+    assert [m["kind"] for m in ledger["marks"]] == ["straggler"]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.cli import build_parser
+from supervisor.cli.control import render_status
 from supervisor.client.timing import StepTimer
 from supervisor.config.build import build_run_config
 from supervisor.config.errors import ConfigError
@@ -204,3 +205,14 @@ def test_options(tmp_path: Path) -> None:
             _config(script, *argv)
     with pytest.raises(ConfigError, match="expected one of report, restart, reschedule"):
         _config(script, environ={"FT_SUPERVISOR_STRAGGLER_ACTION": "kill"})
+
+
+def test_the_status_table_shows_each_rank_s_score() -> None:
+    row = {"rank": 0, "local_rank": 0, "pid": 1, "state": "running"}
+    status = {"run_id": "r", "pid": 1, "generation": 0, "restarts_used": 0, "max_restarts": 0,
+              "uptime_s": 1.0, "run_dir": "/x", "ranks": [row | {"straggler_score": 1.0, "straggler": False},
+                                         row | {"rank": 1, "straggler_score": 1.312, "straggler": True},
+                                         row | {"rank": 2}]}  # fmt: skip
+    lines = render_status(status).splitlines()
+    assert lines[1].split()[-1] == "SLOW"
+    assert [line.split()[-1] for line in lines[2:5]] == ["1.00", "1.31!", "-"]
