@@ -59,7 +59,8 @@ def add_options(g: argparse._ArgumentGroup) -> None:
         default=None,
         metavar="SECONDS",
         help=f"how long a score must stay above the threshold (below the clear level) to flag "
-        f"(clear) a rank (default {DEFAULTS.sustain:g})",
+        f"(clear) a rank (default {DEFAULTS.sustain:g}); scores are judged every second, or four times "
+        "per SECONDS when shorter",
     )
 
 
@@ -106,5 +107,7 @@ def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> Stragg
         window=_count(ns, environ, "--straggler-window", DEFAULTS.window, 3),
         warmup=_count(ns, environ, "--straggler-warmup", DEFAULTS.warmup, 0),
         sustain=sustain,
+        # scores are judged once a second, or four times per sustain when that is shorter
+        interval=min(DEFAULTS.interval, max(0.1, sustain / 4)),
         action=action,
     )

@@ -158,6 +158,10 @@ class Tracker:
                                       len(self._samples[rank].values), sustained))  # fmt: skip
         return changes
 
+    def measured(self) -> list[int]:
+        """Ranks whose samples their clients measure (waits taken out)."""
+        return sorted(self._timed)
+
     def flagged(self) -> list[int]:
         return sorted(r for r, s in self.standings.items() if s.flagged)
 

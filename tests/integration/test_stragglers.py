@@ -21,7 +21,7 @@ SECTIONS = ("--ft-rank-section-timeouts", "step:none,checkpointing:none")
 
 def test_a_rank_sleeping_longer_is_flagged_and_its_peer_is_not(start: Start, tmp_path: Path) -> None:
     d = start("--nproc-per-node", "2", *FAST, *SECTIONS, str(RANKS / "straggling.py"),
-              "--steps", "70", "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3")  # fmt: skip
+              "--steps", "40", "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3")  # fmt: skip
     found = d.wait_event("straggler_detected", timeout=30)
     assert found[0]["rank"] == 1, d.story()
     assert 1.2 <= found[0]["score"] <= 1.45, found
@@ -39,7 +39,7 @@ def test_a_rank_sleeping_longer_is_flagged_and_its_peer_is_not(start: Start, tmp
 @pytest.mark.torch
 def test_a_ddp_rank_computing_longer_is_flagged_and_its_peer_is_not(start: Start) -> None:
     d = start("--nproc-per-node", "2", *FAST, str(RANKS / "ddp_straggling.py"),
-              "--steps", "70", "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3")  # fmt: skip
+              "--steps", "40", "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3")  # fmt: skip
     found = d.wait_event("straggler_detected", timeout=60)
     assert found[0]["rank"] == 1, d.story()
     assert d.wait() == 0, d.story()
@@ -48,10 +48,13 @@ def test_a_ddp_rank_computing_longer_is_flagged_and_its_peer_is_not(start: Start
 
 def test_a_healthy_run_with_evaluation_and_checkpoints_flags_nobody(start: Start) -> None:
     d = start("--nproc-per-node", "2", *FAST, *SECTIONS, str(RANKS / "straggling.py"),
-              "--steps", "60", "--step-time", "0.04", "--eval-every", "20", "--eval-time", "0.3",
-              "--save-every", "15", "--save-time", "0.4", "--bad-timing")  # fmt: skip
+              "--steps", "60", "--step-time", "0.04", "--wait-time", "0.002", "--eval-every", "20",
+              "--eval-time", "0.3", "--save-every", "15", "--save-time", "0.4", "--bad-timing")  # fmt: skip
     assert d.wait() == 0, d.story()
     assert not d.events("straggler_detected"), d.story()
+    # scored all along, from what the clients measured (an evaluation in the step, rank 0's save)
+    (scoring,) = d.events("straggler_scoring")
+    assert scoring["ranks"] == [0, 1] and scoring["measured"] == [0, 1]
     # rank 0's malformed timings: dropped, told once in one line, the run unharmed
     dropped = [e for e in d.events("message_dropped") if e["reason"] == "bad_timing"]
     assert len(dropped) == 1, d.events("message_dropped")
@@ -61,7 +64,7 @@ def test_a_healthy_run_with_evaluation_and_checkpoints_flags_nobody(start: Start
 def test_straggler_action_restart_restarts_within_the_budget(start: Start) -> None:
     d = start("--nproc-per-node", "2", "--max-restarts", "1", "--straggler-action", "restart", *FAST,
               *SECTIONS, str(RANKS / "straggling.py"),
-              "--steps", "70", "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3")  # fmt: skip
+              "--steps", "40", "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3")  # fmt: skip
     decision = d.wait_event("decision", timeout=30)[0]
     assert decision["action"] == "restart" and decision["reason"] == "straggler", decision
     assert "rank 1" in decision["detail"]
@@ -77,7 +80,7 @@ def test_straggler_action_reschedule_sends_the_node_away_and_marks_its_ledger(
     state = tmp_path / "node-state"
     d = start("--nproc-per-node", "2", "--max-restarts", "1", "--straggler-action", "reschedule", *FAST,
               *SECTIONS, "--node-state-dir", str(state), str(RANKS / "straggling.py"),
-              "--steps", "200", "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3")  # fmt: skip
+              "--steps", "100", "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3")  # fmt: skip
     assert d.wait() == RESCHEDULE, d.story()
     (decision,) = d.events("decision")
     assert decision["action"] == "reschedule" and decision["reason"] == "straggler", decision

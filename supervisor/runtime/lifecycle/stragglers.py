@@ -36,6 +36,7 @@ class Stragglers:
         self._act = act
         self._tracker = Tracker(settings)
         self._of: int | None = None
+        self._scoring = False  # said, once per generation, that its ranks are being scored
 
     def work(self, rank: int, seconds: float, measured: bool) -> None:
         """One step's own work of ``rank`` (``measured``: by its client, waits taken out)."""
@@ -43,12 +44,19 @@ class Stragglers:
             return
         generation = self._generation()
         if generation != self._of:
-            self._tracker, self._of = Tracker(self.settings), generation
+            self._tracker, self._of, self._scoring = Tracker(self.settings), generation, False
         self._tracker.add(rank, seconds, measured=measured)
         now = self._clock.monotonic()
         if self._tracker.due(now):
             for change in self._tracker.evaluate(now):
                 self._tell(change)
+            reference = self._tracker.reference
+            if not self._scoring and reference is not None:
+                self._scoring = True  # detection is live: with what, against what
+                t = self._tracker
+                self._events.emit("straggler_scoring", logging.DEBUG, generation=generation,
+                                  ranks=sorted(t.standings), measured=t.measured(),
+                                  reference=round(reference, 6))  # fmt: skip
 
     def _tell(self, c: Change) -> None:
         name = "straggler_detected" if c.detected else "straggler_cleared"
