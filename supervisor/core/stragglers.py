@@ -14,6 +14,11 @@ Medians make a few evaluation or checkpoint steps, which every rank or one rank
 takes now and then, irrelevant; the first ``warmup`` samples of a rank in a
 generation are skipped (compilation, allocator, DDP's bucket rebuild).
 
+With several nodes, each publishes its ranks' medians through the rendezvous
+store at a low rate, and a rank is also scored against the job's typical rank
+(the lower median over every node's ranks); its score is the higher of the two,
+so a node whose ranks are all slow (a throttled node, a slow link) is seen too.
+
 A score at or above ``threshold`` for ``sustain`` seconds flags the rank; below
 ``clear`` for as long clears it (hysteresis: a rank near the threshold does not
 flap). Time is a parameter; memory is bounded by ``window`` samples per rank.
@@ -76,6 +81,7 @@ class Change:
     reference: float  # the node's reference (seconds)
     samples: int  # how many samples the score is the median of
     sustained: float  # seconds the score stayed across the level before the change
+    against: str = "node"  # whose typical rank the score compares with: the node's or the job's
 
 
 def judged(standing: Standing, score: float, now: float, s: StragglerSettings) -> Standing:
@@ -91,12 +97,36 @@ def judged(standing: Standing, score: float, now: float, s: StragglerSettings) -
 
 def scores(medians: Mapping[int, float]) -> dict[int, float]:
     """Each rank's median over the node's reference (the lower median of the medians)."""
+    reference = _reference(medians)
+    return {} if reference is None else {rank: m / reference for rank, m in medians.items()}
+
+
+def _reference(medians: Mapping[int, float]) -> float | None:
     if len(medians) < 2:
-        return {}
+        return None
     reference = statistics.median_low(medians.values())
-    if reference <= 0:
-        return {}
-    return {rank: m / reference for rank, m in medians.items()}
+    return reference if reference > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    value: float
+    reference: float
+    against: str  # "node" | "job"
+
+
+def scored(medians: Mapping[int, float], peers: Mapping[int, float]) -> dict[int, Score]:
+    """This node's ranks scored against the node's and, with ``peers`` (the other nodes'
+    ranks' medians), the job's typical rank: the higher of the two."""
+    out: dict[int, Score] = {}
+    for against, pool in (("node", medians), ("job", {**peers, **medians} if peers else {})):
+        reference = _reference(pool)
+        if reference is None:
+            continue
+        for rank, m in medians.items():
+            if rank not in out or m / reference > out[rank].value:
+                out[rank] = Score(m / reference, reference, against)
+    return out
 
 
 @dataclass
@@ -114,6 +144,7 @@ class Tracker:
         self._timed: set[int] = set()  # ranks measured inside (client): their step sections no longer count
         self.standings: dict[int, Standing] = {}
         self.reference: float | None = None
+        self.peers: dict[int, float] = {}  # the other nodes' ranks' medians, when they are shared
         self._last = float("-inf")
 
     def add(self, rank: int, work: float, *, measured: bool) -> None:
@@ -144,18 +175,18 @@ class Tracker:
         """Score every rank with a full window; what changed."""
         self._last = now
         medians = self.medians()
-        by_rank = scores(medians)
-        self.reference = statistics.median_low(medians.values()) if by_rank else None
+        peers = {r: m for r, m in self.peers.items() if r not in self._samples}
+        by_rank = scored(medians, peers)
+        self.reference = min((s.reference for s in by_rank.values()), default=None)
         changes = []
         for rank, score in by_rank.items():
             before = self.standings.get(rank, Standing())
-            after = judged(before, score, now, self.settings)
+            after = judged(before, score.value, now, self.settings)
             self.standings[rank] = after
             if after.flagged != before.flagged:
-                assert self.reference is not None
                 sustained = now - (before.since if before.since is not None else now)
-                changes.append(Change(after.flagged, rank, score, medians[rank], self.reference,
-                                      len(self._samples[rank].values), sustained))  # fmt: skip
+                changes.append(Change(after.flagged, rank, score.value, medians[rank], score.reference,
+                                      len(self._samples[rank].values), sustained, score.against))  # fmt: skip
         return changes
 
     def measured(self) -> list[int]:
@@ -187,7 +218,7 @@ def decision(change: Change, settings: StragglerSettings, restarts_left: int, no
     action = Action.RESTART if settings.action is StragglerAction.RESTART else Action.RESCHEDULE
     detail = (
         f"rank {change.rank} on {node} straggles: its own work per step {change.work:.4g} s is "
-        f"{change.score:.2f}x the node's {change.reference:.4g} s over {change.samples} steps, "
+        f"{change.score:.2f}x the {change.against}'s {change.reference:.4g} s over {change.samples} steps, "
         f"for {change.sustained:.0f} s (--straggler-action {settings.action})"
     )
     return Decision(action, Reason.STRAGGLER, detail)

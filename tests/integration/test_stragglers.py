@@ -88,3 +88,20 @@ def test_straggler_action_reschedule_sends_the_node_away_and_marks_its_ledger(
     assert marked["kind"] == "straggler"
     ledger = json.loads((state / "node-health.json").read_text())
     assert [m["kind"] for m in ledger["marks"]] == ["straggler"]
+
+
+@pytest.mark.torch  # the test's rendezvous store
+@pytest.mark.slow
+def test_with_one_rank_a_node_the_job_s_ranks_are_the_reference(start: Start, endpoint: str) -> None:
+    # a node alone has nobody to compare with: the other nodes' medians, shared through
+    # the rendezvous store, make the job's typical rank the reference
+    conf = "is_host=0,keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1,join_timeout=60"
+    program = ("--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+               endpoint, "--local-addr", "127.0.0.1", "--rdzv-conf", conf, *FAST, *SECTIONS,
+               str(RANKS / "straggling.py"), "--steps", "70", "--step-time", "0.05", "--slow-rank", "1",
+               "--factor", "1.3")  # fmt: skip
+    nodes = [start(*program), start(*program)]
+    assert [d.wait(90) for d in nodes] == [0, 0], nodes[0].story() + nodes[1].story()
+    found = [e for d in nodes for e in d.events("straggler_detected")]
+    assert [(e["rank"], e["against"]) for e in found] == [(1, "job")], found
+    assert 1.2 <= found[0]["score"] <= 1.45

@@ -22,6 +22,7 @@ from supervisor.core.stragglers import (
     Tracker,
     decision,
     judged,
+    scored,
     scores,
 )
 from supervisor.core.types import Action, Decision, Reason
@@ -43,6 +44,18 @@ def test_two_ranks_the_slower_scores_against_the_faster() -> None:
     got = scores(dict.fromkeys(range(7), 1.0) | {7: 1.5})
     assert got[7] == pytest.approx(1.5) and got[0] == 1.0
     assert scores({0: 1.0}) == {}  # alone, a rank has nobody to be slower than
+
+
+def test_with_other_nodes_the_job_s_typical_rank_is_a_reference_too() -> None:
+    # alone on its node, rank 1 is scored against the job's ranks
+    (only,) = scored({1: 1.3}, {0: 1.0, 2: 1.0}).values()
+    assert only.value == pytest.approx(1.3) and only.against == "job"
+    # a whole node slow: 1.0 against its own ranks, 1.3 against the job's
+    got = scored({2: 1.3, 3: 1.3}, {0: 1.0, 1: 1.0})
+    assert {r: (round(s.value, 2), s.against) for r, s in got.items()} == {2: (1.3, "job"), 3: (1.3, "job")}
+    # a slow rank elsewhere changes nothing here
+    got = scored({0: 1.0, 1: 1.0}, {2: 1.3, 3: 1.0})
+    assert max(s.value for s in got.values()) == 1.0
 
 
 def test_flagged_only_once_sustained_and_cleared_with_hysteresis() -> None:

@@ -110,8 +110,11 @@ class Supervisor:
         self.publisher = Publisher(sockets.events)
         self.events.publish = self.publisher.publish
         self.loop_watch = LoopWatch(self.clock, self.events)
+        # self.monitor and self.job are made below: reached when samples come
         self.stragglers = Stragglers(self.cfg.stragglers, self.events, self.clock,
-                                     lambda: self.monitor.generation, self._on_straggler)  # fmt: skip
+                                     generation=lambda: self.monitor.generation, act=self._on_straggler,
+                                     share=lambda shared: self.job.share(stragglers=shared),
+                                     nodes=lambda: self.job.nodes())  # noqa: PLW0108  # fmt: skip
         self.monitor = self._make_monitor(sockets)
         self.judge = Judge(self.cfg, self.events, self.clock)
         self.health = NodeHealth(self.cfg.health, self.events, self.clock, self.cfg.run_id)
