@@ -271,16 +271,18 @@ def section(name: str) -> Iterator[None]:
     end_section(name)
 
 
-def watch_ddp(model: Any, *, process_group: Any = None, hook: Any = None) -> bool:
+def watch_ddp(model: Any, *, hook: Any = None, state: Any = None) -> bool:
     """Time each step's own work and its wait in the gradient all-reduce, for straggler
     detection: registers a DDP communication hook on ``model`` (a
     ``DistributedDataParallel``) around ``hook`` (default: DDP's own all-reduce, so the
-    gradients are unchanged). Call it once, instead of ``model.register_comm_hook``.
-    True when a daemon supervises this rank (without one, nothing is registered)."""
+    gradients are unchanged) with its ``state`` (for the default hook: the process
+    group, None for the default one). Call it once, instead of
+    ``model.register_comm_hook(state, hook)``. True when a daemon supervises this rank
+    (without one, nothing is registered: register your hook yourself)."""
     c = _held.client or _get()
     if c is None:
         return False
-    model.register_comm_hook(process_group, ddp_hook(c.step_timer(), hook))
+    model.register_comm_hook(state, ddp_hook(c.step_timer(), hook))
     return True
 
 

@@ -4,13 +4,15 @@ DDP job on gloo whose ranks time their steps through the client's hook."""
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.cli import main
-from tests.support import RANKS, Daemon
+from tests.support import RANKS, Daemon, wait_until
 
 Start = Callable[..., Daemon]
 RESCHEDULE = 200  # the reschedule exit code's default
@@ -19,13 +21,25 @@ FAST = ("--straggler-window", "8", "--straggler-warmup", "2", "--straggler-susta
 SECTIONS = ("--ft-rank-section-timeouts", "step:none,checkpointing:none")
 
 
+def _scores(port: int) -> dict[str, float] | None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    found = {s.labels["rank"]: s.value for family in text_string_to_metric_families(text)
+             for s in family.samples if s.name == "ft_supervisor_rank_straggler_score"}  # fmt: skip
+    return found if len(found) == 2 else None
+
+
 def test_a_rank_sleeping_longer_is_flagged_and_its_peer_is_not(start: Start, tmp_path: Path) -> None:
-    d = start("--nproc-per-node", "2", *FAST, *SECTIONS, str(RANKS / "straggling.py"),
-              "--steps", "40", "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3")  # fmt: skip
+    d = start("--nproc-per-node", "2", "--metrics-port", "0", *FAST, *SECTIONS, str(RANKS / "straggling.py"),
+              "--steps", "60", "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3")  # fmt: skip
     found = d.wait_event("straggler_detected", timeout=30)
     assert found[0]["rank"] == 1, d.story()
     assert 1.2 <= found[0]["score"] <= 1.45, found
-    assert found[0]["window"] == 8 and found[0]["node"]
+    assert found[0]["window"] == 8 and found[0]["node"] and found[0]["against"] == "node"
+    # while it runs: the metric, per rank (refreshed every second)
+    port = int(d.wait_event("metrics_serving")[0]["port"])
+    scores = wait_until(lambda: _scores(port), 10, "both ranks' straggler scores")
+    assert scores["0"] == 1.0 and scores["1"] >= 1.2, scores
     assert d.wait() == 0, d.story()
     assert {e["rank"] for e in d.events("straggler_detected")} == {1}
     assert not d.events("decision")  # --straggler-action report: the job goes on
