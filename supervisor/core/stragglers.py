@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -195,12 +195,6 @@ class Tracker:
 
     def flagged(self) -> list[int]:
         return sorted(r for r, s in self.standings.items() if s.flagged)
-
-    def forget(self, ranks: Iterable[int]) -> None:
-        for rank in ranks:
-            self._samples.pop(rank, None)
-            self.standings.pop(rank, None)
-            self._timed.discard(rank)
 
     def standing(self, rank: int) -> Standing | None:
         return self.standings.get(rank)
