@@ -192,19 +192,28 @@ def _containment_line(c: dict[str, Any] | None) -> str:
     return f"containment: fallback: process groups, PDEATHSIG, token sweep ({c.get('why')})"
 
 
+def _slowness(row: dict[str, Any]) -> str:
+    """The rank's straggler score (its own work per step over the node's typical rank);
+    ``!`` once it is flagged as a straggler."""
+    score = row.get("straggler_score")
+    if not isinstance(score, int | float):
+        return "-"
+    return f"{score:.2f}" + ("!" if row.get("straggler") else "")
+
+
 def render_status(s: dict[str, Any]) -> str:
     lines = [
         f"run {s['run_id']}  pid {s['pid']}  generation {s['generation']}  "
         f"restarts {s['restarts_used']}/{s['max_restarts']}  up {s['uptime_s']:.0f}s",
         f"{'RANK':>4} {'LOCAL':>5} {'PID':>8} {'STATE':<10} {'ITER':>7} "
-        f"{'SECTIONS (open for)':<28} {'HEARTBEAT':>9}",
+        f"{'SECTIONS (open for)':<28} {'HEARTBEAT':>9} {'SLOW':>6}",
     ]
     for r in s["ranks"]:
         sections = ", ".join(f"{n} {_age(a)}" for n, a in (r.get("sections") or {}).items()) or "-"
         iteration = "-" if r.get("iteration") is None else str(r["iteration"])
         lines.append(
             f"{r['rank']:>4} {r['local_rank']:>5} {r['pid']:>8} {r['state']:<10} {iteration:>7} "
-            f"{sections:<28} {_age(r.get('heartbeat_age')):>9}"
+            f"{sections:<28} {_age(r.get('heartbeat_age')):>9} {_slowness(r):>6}"
         )
     t = s.get("timeouts") or {}
     learned = t.get("learned") or {}

@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 import uuid
 import warnings
@@ -36,6 +37,7 @@ import orjson
 
 from supervisor.client.channel import Channel
 from supervisor.client.saver import SaveCallback, Saver, SaveRequest
+from supervisor.client.timing import StepTimer, ddp_hook
 from supervisor.core.learning import Learned
 from supervisor.core.topology import ENV_KEY, ENV_TIMEOUTS
 from supervisor.core.topology import ENV_RANKS_ENDPOINT as ENV_ENDPOINT
@@ -61,6 +63,8 @@ __all__ = [
     "shutdown",
     "start_section",
     "state_dict",
+    "waiting",
+    "watch_ddp",
 ]
 
 # A real-time signal: applications rarely use them, so the stack dump handler
@@ -86,6 +90,7 @@ class _Client:
         self.iteration: int | None = None
         self.endpoint = endpoint
         self.saver: Saver | None = None
+        self.timer: StepTimer | None = None  # own work vs waiting per step, once asked for
         self._heartbeat = encode("heartbeat", rank=self.rank, gen=self.gen, k=self.key)
         stacks = self._install_stack_dump()
         self.send("hello", pid=os.getpid(), stack_signal=stacks)
@@ -145,6 +150,14 @@ class _Client:
 
     def heartbeat(self) -> None:
         self.channel.send(self._heartbeat)
+
+    def step_timer(self) -> StepTimer:
+        if self.timer is None:
+            self.timer = StepTimer(self._timing)
+        return self.timer
+
+    def _timing(self, work: float, wait: float) -> None:
+        self.send("timing", work=round(work, 6), wait=round(wait, 6))
 
 
 def _qualified(kind: type[BaseException]) -> str:
@@ -218,7 +231,11 @@ def heartbeat() -> None:
 
 def start_section(name: str) -> None:
     c = _held.client or _get()
-    if c is not None and name in c.monitored:
+    if c is None:
+        return
+    if c.timer is not None and name != "step":
+        c.timer.tainted = True  # evaluation, checkpointing: this step is no measure of speed
+    if name in c.monitored:
         c.send("section", op="open", name=name, iteration=c.iteration)
 
 
@@ -226,6 +243,8 @@ def end_section(name: str, *, failed: bool = False) -> None:
     """``failed``: an exception ended the section, so its length is no measure of the work
     (the daemon does not learn timeouts from it)."""
     c = _held.client or _get()
+    if c is not None and c.timer is not None and name == "step" and not failed:
+        c.timer.step_end()
     if c is not None and name in c.monitored:
         if failed:
             c.send("section", op="close", name=name, iteration=c.iteration, failed=True)
@@ -253,6 +272,38 @@ def section(name: str) -> Iterator[None]:
         end_section(name, failed=True)
         raise
     end_section(name)
+
+
+def watch_ddp(model: Any, *, hook: Any = None, state: Any = None) -> bool:
+    """Time each step's own work and its wait in the gradient all-reduce, for straggler
+    detection: registers a DDP communication hook on ``model`` (a
+    ``DistributedDataParallel``) around ``hook`` (default: DDP's own all-reduce, so the
+    gradients are unchanged) with its ``state`` (for the default hook: the process
+    group, None for the default one). Call it once, instead of
+    ``model.register_comm_hook(state, hook)``. True when a daemon supervises this rank
+    (without one, nothing is registered: register your hook yourself)."""
+    c = _held.client or _get()
+    if c is None:
+        return False
+    model.register_comm_hook(state, ddp_hook(c.step_timer(), hook))
+    return True
+
+
+@contextlib.contextmanager
+def waiting() -> Iterator[None]:
+    """``with waiting(): dist.all_reduce(t)``: time spent waiting in a collective, not
+    working (for straggler detection, with collectives DDP's hook does not see). The
+    step's end is the ``step`` section closing, unless ``watch_ddp`` marks it."""
+    c = _held.client or _get()
+    if c is None:
+        yield
+        return
+    timer = c.step_timer()
+    began = time.perf_counter()
+    try:
+        yield
+    finally:
+        timer.waited(time.perf_counter() - began)
 
 
 def report_iteration(iteration: int) -> None:

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from supervisor.config import checkpoints, ft, health, hosting, metrics, policy
+from supervisor.config import checkpoints, ft, health, hosting, metrics, policy, stragglers
 from supervisor.config.errors import ConfigError
 from supervisor.config.options import FINISHED_FLAG_ENV
 from supervisor.config.rendezvous import RdzvConfig, parse_conf
@@ -176,6 +176,7 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         hosting=hosting_config,
         checkpoint=checkpoint,
         health=health.from_namespace(ns, environ),
+        stragglers=stragglers.from_namespace(ns, environ),
     )
 
 

@@ -10,7 +10,7 @@ import argparse
 import os
 from typing import Any
 
-from supervisor.config import checkpoints, ft, health, hosting, metrics, policy
+from supervisor.config import checkpoints, ft, health, hosting, metrics, policy, stragglers
 from supervisor.config.run import DEFAULT_SIGNALS
 
 FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"  # nvidia-resiliency-ext's auto-resume contract
@@ -24,7 +24,7 @@ ESSENTIAL = frozenset(
         "ft_cfg_path", "ft_rank_heartbeat_timeout", "ft_rank_section_timeouts",
         "policy_preset", "rules", "reschedule_exit_code", "abort_exit_code",
         "checkpoint_path", "checkpoint_url", "metrics_port", "no_standby", "log_level", "node_quarantine",
-        "training_script", "training_script_args", "help", "help_all",
+        "straggler_action", "training_script", "training_script_args", "help", "help_all",
     }
 )  # fmt: skip
 
@@ -151,6 +151,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     hosting.add_options(p.add_argument_group("service: systemd, container entrypoint"))
     checkpoints.add_options(p.add_argument_group("checkpoint sync: LOCAL to DEST, copy-back at start"))
     health.add_options(p.add_argument_group("node health: a ledger across runs, and quarantine"))
+    stragglers.add_options(p.add_argument_group("stragglers: ranks slower than the node's others"))
 
 
 def add_supervisor_options(f: Any) -> None:

@@ -24,6 +24,7 @@ from supervisor.config.metrics import MetricsConfig
 from supervisor.config.policy import PolicyConfig
 from supervisor.config.rendezvous import RdzvConfig
 from supervisor.core.program import Program
+from supervisor.core.stragglers import StragglerSettings
 from supervisor.core.topology import Topology
 from supervisor.log import STDERR, STDOUT
 
@@ -171,6 +172,7 @@ class RunConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)  # off unless --metrics-port
     checkpoint: CheckpointConfig | None = None  # None: no checkpoint sync
     health: HealthConfig = field(default_factory=HealthConfig)  # the node's ledger across runs
+    stragglers: StragglerSettings = field(default_factory=StragglerSettings)  # --straggler-*
 
     def console_streams(self, local_rank: int) -> tuple[int, ...]:
         """Streams of a local rank shown on the console (torchrun's rules)."""

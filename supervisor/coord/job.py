@@ -100,6 +100,9 @@ class LocalJob:
     def nodes(self) -> list[dict[str, Any]]:
         return []
 
+    def share(self, **fields: Any) -> None:
+        """Nothing to share with: a single node."""
+
 
 class RendezvousJob:
     """One node of a multi-node job, through torch's elastic rendezvous."""
@@ -114,6 +117,7 @@ class RendezvousJob:
         self._slot: int | None = None  # this daemon's entry in the job's node table
         self._status: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
         self._nodes: list[dict[str, Any]] = []
+        self._unpublished = False  # shared fields the watcher has not published yet
         self._lock = threading.Lock()
 
     # -- the rendezvous ----------------------------------------------------------------
@@ -238,6 +242,9 @@ class RendezvousJob:
             if now < next_state:
                 continue
             next_state = now + STATE_EVERY
+            if self._unpublished and self._slot is not None:
+                self._unpublished = False
+                self._publish()
             self._refresh_nodes()
             snap = self._rdzv_or_fail().snapshot()
             if snap is None:
@@ -332,6 +339,13 @@ class RendezvousJob:
             self._events.emit("rendezvous_leave_failed", logging.WARNING, error=str(exc))
 
     # -- the job's node table, for ft-supervisor status ---------------------------------------
+
+    def share(self, **fields: Any) -> None:
+        """Add to this node's published status (straggler medians): the watcher publishes
+        it, off the loop, at its next look at the rendezvous (about a second)."""
+        with self._lock:
+            self._status = {**self._status, **fields}
+            self._unpublished = True
 
     def note(self, state: str, **fields: Any) -> None:
         """Record this node's state; published with the next store access."""

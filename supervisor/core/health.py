@@ -119,9 +119,12 @@ def mark_of(
     decision: Decision, nature: str | None, rule: str | None, *, now: float, run_id: str, generation: int
 ) -> Mark | None:
     """The mark a decision leaves on the node: a hardware classification, or a rank
-    that outlived SIGKILL (stuck in the kernel: a driver or device in trouble)."""
+    that outlived SIGKILL (stuck in the kernel: a driver or device in trouble), or a
+    straggler sent away (a node that keeps being slow is quarantined as a faulty one)."""
     if decision.reason is Reason.RANK_UNKILLABLE:
         kind = "unkillable"
+    elif decision.reason is Reason.STRAGGLER and decision.action is Action.RESCHEDULE:
+        kind = "straggler"
     elif nature == "hardware":
         kind = "hardware"
     else:

@@ -29,6 +29,7 @@ class Route(StrEnum):
     OPERATOR_RESTART = "operator_restart"  # `ft-supervisor restart`: no evidence to weigh
     FOLLOW_PEER = "follow_peer"  # healthy ranks ended by a peer's news: the peer's node judges
     JUDGE = "judge"  # this node's evidence decides
+    DECIDED = "decided"  # the daemon decided while the ranks ran (a straggler): nothing failed since
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,20 +43,24 @@ class GenerationEnd:
     requests: tuple[WorkloadRequest, ...] = ()  # ranks' own requests (restart, reschedule, abort)
     peer_news: PeerNews | None = None  # what a peer's daemon announced, if anything
     reported: bool = False  # a rank reported its own failure (error file, client) as it went down
+    decided: Decision | None = None  # what the daemon decided while the ranks ran (a straggler)
 
 
 def route(end: GenerationEnd) -> Route:
     """Which way this node decides. First match wins, in this order:
 
     an operator's restart (unless a rank cannot be killed: that needs judging);
-    success with nothing asked; a peer's news when nothing here failed, spoke up
-    or got stuck (a rank that failed on its own in the same instant says more
-    than the news); everything else is judged.
+    success with nothing asked; a decision taken while the ranks ran, unless a rank
+    failed, spoke up or got stuck meanwhile (then that is judged); a peer's news
+    when nothing here failed, spoke up or got stuck (a rank that failed on its own
+    in the same instant says more than the news); everything else is judged.
     """
     if end.restart_requested and not end.unkillable:
         return Route.OPERATOR_RESTART
     if end.succeeded and not end.requests:
         return Route.SUCCEEDED
+    if end.decided is not None and not (end.failed or end.reported or end.unkillable or end.requests):
+        return Route.DECIDED
     if (
         end.peer_news is not None
         and not end.failed
@@ -68,13 +73,16 @@ def route(end: GenerationEnd) -> Route:
 
 
 def without_evidence(
-    which: Route, news: PeerNews | None, budget: Budget, now: float, detail: str
+    which: Route, news: PeerNews | None, budget: Budget, now: float, detail: str, *,
+    decided: Decision | None = None,
 ) -> Decision:
     """The decision of a route that weighs no evidence of this node."""
     if which is Route.OPERATOR_RESTART:
         return OPERATOR_RESTART
     if which is Route.FOLLOW_PEER and news is not None:
         return follow(news, budget, now, detail)
+    if which is Route.DECIDED and decided is not None:
+        return decided
     raise ValueError(f"route {which} needs this node's evidence")
 
 

@@ -54,6 +54,7 @@ class Reason(StrEnum):
     RENDEZVOUS_LOST = "rendezvous_lost"  # the rendezvous store cannot be reached
     SPAWN_FAILED = "spawn_failed"  # this node could not start a generation's ranks (a full disk...)
     NODE_QUARANTINED = "node_quarantined"  # too many hardware-looking failures here (--node-quarantine)
+    STRAGGLER = "straggler"  # a rank of this node kept working slower than its peers (--straggler-action)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ COLORS = {
 FAULT = "#ffab00"
 FAULT_EDGE = "#3e2723"
 CHECKPOINT = "#00897b"
+STRAGGLER = "#8e24aa"  # a slow rank: not a fault, a different colour
 SPANS = {
     "recomputation": ("#f8bbd0", "work done again since the last checkpoint"),
     "detection": ("#ffcc80", "failed, not yet noticed"),
@@ -187,6 +188,12 @@ def _fault(t: Timeline, m: Mark, y: float | None, lane: float) -> str:
     x = x_of(t, m.t)
     size = max(5.0, min(8.0, lane / 2))
     cy = (y + lane / 2) if y is not None else TOP - 9
+    if m.kind.startswith("straggler"):  # a diamond: amber when flagged, hollow when cleared
+        fill = STRAGGLER if m.kind == "straggler" else "#ffffff"
+        pts = (f"{x:.1f},{cy - size:.1f} {x + size:.1f},{cy:.1f} {x:.1f},{cy + size:.1f} "
+               f"{x - size:.1f},{cy:.1f}")  # fmt: skip
+        return (f'<g class="fault {m.kind}">{_title(m.label)}<polygon points="{pts}" fill="{fill}" '
+                f'stroke="{STRAGGLER}" stroke-width="1.5"/></g>')  # fmt: skip
     if m.kind == "hang":
         shape = f'<circle cx="{x:.1f}" cy="{cy:.1f}" r="{size:.1f}"'
     else:
@@ -269,6 +276,9 @@ def legend() -> str:
         items.append(_swatch(f'<rect x="0" y="0" width="22" height="14" fill="{color}"/>{hatch}', meaning))
     items.append(_swatch(f'<polygon points="5,2 17,2 11,12" fill="{FAULT}" stroke="{FAULT_EDGE}"/>', "crash"))
     items.append(_swatch(f'<circle cx="11" cy="7" r="5" fill="{FAULT}" stroke="{FAULT_EDGE}"/>', "hang"))
+    diamond = '<polygon points="11,1 17,7 11,13 5,7"'
+    items.append(_swatch(f'{diamond} fill="{STRAGGLER}"/>', "straggler flagged"))
+    items.append(_swatch(f'{diamond} fill="#fff" stroke="{STRAGGLER}"/>', "straggler cleared"))
     items.append(_swatch(f'<circle cx="11" cy="7" r="4" fill="{CHECKPOINT}"/>', "checkpoint saved"))
     items.append(
         _swatch(f'<circle cx="11" cy="7" r="4" fill="#fff" stroke="{CHECKPOINT}"/>', "checkpoint loaded")

@@ -32,7 +32,7 @@ class Bar:
 class Mark:
     t: float
     rank: int | None  # None: not a rank's (a peer's news, a synced checkpoint)
-    kind: str  # crash, hang, peer, operator, request; saved, loaded, synced
+    kind: str  # crash, hang, peer, operator, request, straggler(_cleared); saved, loaded, synced
     label: str
 
 
@@ -132,6 +132,16 @@ def _fault(e: Mapping[str, Any], t: float) -> Mark | None:
     return None
 
 
+def _straggler(e: Mapping[str, Any], t: float) -> Mark | None:
+    name, rank, gen = e["event"], _int(e, "rank"), e.get("generation")
+    if name not in ("straggler_detected", "straggler_cleared"):
+        return None
+    kind = "straggler" if name == "straggler_detected" else "straggler_cleared"
+    what = "straggles" if kind == "straggler" else "no longer straggles"
+    said = f"score {e.get('score')}, {e.get('window')} steps"
+    return Mark(t, rank, kind, f"gen {gen}: rank {rank} {what} ({said})")
+
+
 def _checkpoint(e: Mapping[str, Any], t: float) -> Mark | None:
     if e["event"] == "checkpoint_reported":
         kind = "loaded" if e.get("checkpoint") == "loaded" else "saved"
@@ -161,7 +171,7 @@ def build(sessions: list[Session], incidents: list[Incident], ended_at: float | 
             if e["event"] == "generation_started" and gen is not None and gen not in labelled:
                 labelled.add(gen)  # where the first node started it
                 out.generations.append((t, f"gen {gen}" if index == 0 else f"run {index + 1} gen {gen}"))
-            fault = _fault(e, t)
+            fault = _fault(e, t) or _straggler(e, t)
             if fault is not None:
                 out.faults.append(fault)
             mark = _checkpoint(e, t)

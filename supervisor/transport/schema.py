@@ -37,6 +37,7 @@ class DropReason(StrEnum):
     UNKNOWN_RANK = "unknown_rank"
     UNAUTHENTICATED = "unauthenticated"  # without the rank's key (FT_SUPERVISOR_KEY)
     UNMONITORED_SECTION = "unmonitored_section"  # a section the configuration does not name
+    BAD_TIMING = "bad_timing"  # a step timing that is not two finite durations (told apart from others)
 
 
 class Dropped(ValueError):
@@ -91,6 +92,16 @@ class Iteration:
     rank: int
     gen: int
     iteration: int
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """One step, measured inside the rank: its own work and its wait in collectives (seconds)."""
+
+    rank: int
+    gen: int
+    work: float
+    wait: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +203,7 @@ RankMessage = (
     | Heartbeat
     | Section
     | Iteration
+    | Timing
     | Checkpoint
     | LoadTimeouts
     | Calculate
@@ -281,6 +293,22 @@ def _decode_calculate(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
     )  # fmt: skip
 
 
+MAX_STEP_SECONDS = 86400.0  # a step timing beyond a day is no timing
+
+
+def _duration(m: dict[str, Any], key: str) -> float:
+    value = m.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_STEP_SECONDS:
+        # NaN and infinities fail the comparison too
+        said = str(value)[:32]
+        raise Dropped(DropReason.BAD_TIMING, f"{key} {said!r}: expected seconds, 0 to {MAX_STEP_SECONDS:g}")
+    return float(value)
+
+
+def _decode_timing(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
+    return Timing(rank, gen, _duration(m, "work"), _duration(m, "wait"))
+
+
 def _decode_checkpoint(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
     event = m.get("event")
     if event not in ("loaded", "saved"):
@@ -344,6 +372,7 @@ _DECODERS: dict[str, Callable[[dict[str, Any], int, int], RankMessage]] = {
     "heartbeat": lambda m, rank, gen: Heartbeat(rank, gen),
     "section": _decode_section,
     "iteration": lambda m, rank, gen: Iteration(rank, gen, _int(m, "iteration")),
+    "timing": _decode_timing,
     "checkpoint": _decode_checkpoint,
     "timeouts": _decode_timeouts,
     "calculate": _decode_calculate,

@@ -35,6 +35,8 @@ from supervisor.core.kmsg import about
 from supervisor.core.learning import Learned
 from supervisor.core.next_step import GenerationEnd, Route, Settlement, route, settle, without_evidence
 from supervisor.core.states import GroupResult
+from supervisor.core.stragglers import Change
+from supervisor.core.stragglers import decision as straggler_decision
 from supervisor.core.topology import RunIdentity, token_entry
 from supervisor.core.types import Action, Decision, Reason, signal_name
 from supervisor.core.watch import Hang
@@ -51,6 +53,7 @@ from supervisor.runtime.lifecycle.hosting import Hosting
 from supervisor.runtime.lifecycle.judge import Judge
 from supervisor.runtime.lifecycle.launcher import Launcher
 from supervisor.runtime.lifecycle.monitor import Monitor
+from supervisor.runtime.lifecycle.stragglers import Stragglers
 from supervisor.runtime.records import statefile
 from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.records.health import NodeHealth
@@ -108,6 +111,11 @@ class Supervisor:
         self.publisher = Publisher(sockets.events)
         self.events.publish = self.publisher.publish
         self.loop_watch = LoopWatch(self.clock, self.events)
+        # self.monitor and self.job are made below: reached when samples come
+        self.stragglers = Stragglers(self.cfg.stragglers, self.events, self.clock,
+                                     generation=lambda: self.monitor.generation, act=self._on_straggler,
+                                     share=lambda shared: self.job.share(stragglers=shared),
+                                     nodes=lambda: self.job.nodes())  # noqa: PLW0108  # fmt: skip
         self.monitor = self._make_monitor(sockets)
         self.advice = IntervalAdvice(self.events, self.clock, self.cfg.mtbf)
         self.monitor.on_save, self.monitor.advice = self.advice.saved, self.advice.describe
@@ -217,6 +225,7 @@ class Supervisor:
             loop_watch=self.loop_watch,
             persist=lambda learned: self._persist(learned, self.monitor.generation),
             safety_factor=self.cfg.ft.safety_factor,
+            on_work=self.stragglers.work,
         )
 
     def _persist(self, learned: Learned, generation: int | None) -> None:
@@ -447,6 +456,7 @@ class Supervisor:
             requests=requests,
             peer_news=None if news is None else news[0],
             reported=any(self._reported(r) for r in gen.ranks.values()),
+            decided=gen.decided,
         )
         way = route(end)
         if way is Route.SUCCEEDED:
@@ -457,7 +467,8 @@ class Supervisor:
                 self.events.emit("kernel_lines", generation=gen.number, lines=list(kernel), quiet=("lines",))
             return await self.judge.judge(gen, self.monitor, report.unkillable, requests, dmesg=kernel)
         detail = "" if news is None else news[1]
-        decision = without_evidence(way, end.peer_news, self.judge.budget, self.clock.monotonic(), detail)
+        decision = without_evidence(way, end.peer_news, self.judge.budget, self.clock.monotonic(), detail,
+                                    decided=gen.decided)  # fmt: skip
         return self.judge.without_evidence(gen.number, decision)
 
     def _kernel_lines(self, gen: Generation) -> tuple[str, ...]:
@@ -493,6 +504,16 @@ class Supervisor:
             return
         failing = gen.failing() or any(self._reported(r) for r in gen.ranks.values())
         hangs.deadline_missed(gen, hang, failing=failing, clock=self.clock, events=self.events)
+
+    def _on_straggler(self, change: Change) -> None:
+        """A rank stayed slow: ``--straggler-action`` may end the generation on it."""
+        gen = self._current
+        if gen is None or not gen.started or gen.ended.is_set():
+            return
+        settings, node = self.cfg.stragglers, self.stragglers.node
+        decision = straggler_decision(change, settings, self.judge.remaining(), node)
+        if decision is not None:
+            gen.decide_now(decision)
 
     # -- commands: signals and the control endpoint ------------------------------------
 
@@ -530,6 +551,7 @@ class Supervisor:
 
     def _status(self) -> dict[str, Any]:
         out = self._status_of_ranks()
+        self.stragglers.annotate(out["ranks"])
         refused = {f"events_{k}": v for k, v in self.publisher.refused.items()}
         out["dropped"] = {**out.get("dropped", {}), **refused}
         lw = self.loop_watch

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from supervisor.core.states import GroupResult, RankState, group_result
 from supervisor.core.topology import Topology
-from supervisor.core.types import ExitStatus, RankExit, signal_name
+from supervisor.core.types import Decision, ExitStatus, RankExit, signal_name
 from supervisor.core.watch import Hang
 from supervisor.process.spawn import RankProcess
 from supervisor.runtime.clock import Clock
@@ -50,6 +50,7 @@ class Generation:
         self.reported: dict[int, float] = {}
         self.stuck: set[int] = set()  # reported a failure, then did not exit within the grace
         self.restart_requested = False  # by an operator (ft-supervisor restart)
+        self.decided: Decision | None = None  # by the daemon while the ranks ran (a straggler)
         # wall-clock time the termination procedure began: anything a rank
         # recorded before then, it did on its own
         self.stop_wall: float | None = None
@@ -129,6 +130,12 @@ class Generation:
 
     def request_restart(self) -> None:
         self.restart_requested = True
+        self.ended.set()
+
+    def decide_now(self, decision: Decision) -> None:
+        """End the generation on a decision taken while its ranks ran (a straggler)."""
+        if self.decided is None:
+            self.decided = decision
         self.ended.set()
 
     async def watch(self, rank: RankProcess) -> None:

@@ -24,7 +24,7 @@ import zmq.asyncio
 from supervisor.core.learning import CHECKPOINTING, Calculation, Learned, calculate, observe
 from supervisor.core.topology import rank_key
 from supervisor.core.types import ReportedException
-from supervisor.core.watch import Hang, RankWatch, Timeouts
+from supervisor.core.watch import STEP, Hang, RankWatch, Timeouts
 from supervisor.runtime.clock import Clock
 from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.services.loopwatch import LoopWatch
@@ -57,6 +57,7 @@ class Monitor:
         loop_watch: LoopWatch | None = None,
         persist: Callable[[Learned], None] = lambda learned: None,
         safety_factor: float = 5.0,
+        on_work: Callable[[int, float, bool], None] = lambda rank, seconds, measured: None,
     ) -> None:
         self._sock = sock
         # the same socket, without asyncio: draining what is queued needs no wake-up
@@ -73,6 +74,7 @@ class Monitor:
         self._keys: dict[int, str] = {}  # this generation's, by rank
         self._persist = persist
         self._safety_factor = safety_factor
+        self._on_work = on_work  # a step's own work, for straggler detection (measured: by the client)
         self._base = learned  # in force when the generation started: what a calculation merges with
         self.generation: int | None = None
         self.watches: dict[int, RankWatch] = {}
@@ -263,9 +265,8 @@ class Monitor:
             case schema.Section():
                 self._section(watch, m, now)
                 self._stepping(watch)
-            case schema.Iteration(iteration=n):
-                watch.report_iteration(n, now)
-                self._stepping(watch)
+            case schema.Iteration() | schema.Timing():
+                self._progress(watch, m, now)
             case schema.Checkpoint(event=event):
                 self._checkpoint(watch, event)
             case schema.Hello():
@@ -305,6 +306,9 @@ class Monitor:
                 self._drop(Dropped(DropReason.UNMONITORED_SECTION, m.name[:64]))
         elif m.name is not None:
             opened = watch.open_sections.get(m.name)
+            # a step that overlapped another section (checkpointing...) says nothing of speed
+            if m.name == STEP and opened is not None and not m.failed and len(watch.open_sections) == 1:
+                self._on_work(m.rank, now - opened, False)
             if watch.close_section(m.name, now, self.timeouts, failed=m.failed) and opened is not None:
                 self._saved(m, now - opened)
         if m.iteration is not None:
@@ -314,6 +318,13 @@ class Monitor:
         """A save completed (a healthy ``checkpointing`` section): what its time advises."""
         if m.name in CHECKPOINTING and not m.failed:
             self.on_save(m.rank, seconds)
+
+    def _progress(self, watch: RankWatch, m: schema.Iteration | schema.Timing, now: float) -> None:
+        if isinstance(m, schema.Timing):
+            self._on_work(m.rank, m.work, True)  # a step's own work, measured inside the rank
+            return
+        watch.report_iteration(m.iteration, now)
+        self._stepping(watch)
 
     def _exception(self, m: schema.ExceptionReport, now: float) -> None:
         if m.pid is not None and m.pid != self.pids.get(m.rank, m.pid):

@@ -230,6 +230,12 @@ class Metrics:
         iteration = GaugeMetricFamily(
             PREFIX + "rank_iteration", "the rank's last reported iteration", labels=per_rank
         )
+        slow = GaugeMetricFamily(
+            PREFIX + "rank_straggler_score",
+            "the rank's own work per step over the node's typical rank's (1: as fast; flagged at the "
+            "--straggler-threshold)",
+            labels=per_rank,
+        )
         for row in ranks:
             rank = str(row["rank"])
             state.add_metric([*base, rank, row["state"]], 1)
@@ -237,7 +243,9 @@ class Metrics:
                 age.add_metric([*base, rank], row["heartbeat_age"])
             if row.get("iteration") is not None:
                 iteration.add_metric([*base, rank], row["iteration"])
-        yield from (state, age, iteration)
+            if row.get("straggler_score") is not None:
+                slow.add_metric([*base, rank], row["straggler_score"])
+        yield from (state, age, iteration, slow)
         received = CounterMetricFamily(PREFIX + "messages_received", "messages from the ranks", labels=BASE)
         received.add_metric(base, status.get("received", 0))
         dropped = CounterMetricFamily(PREFIX + "messages_dropped", "messages dropped, by reason",
