@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -24,15 +25,25 @@ import orjson
 
 from supervisor.aio import in_thread
 from supervisor.config.rendezvous import RdzvConfig
-from supervisor.core.jobwide import NodeOutcome, PeerNews, lost
+from supervisor.core.jobwide import NodeOutcome, PeerNews, look_every, lost, pack, unpack
 from supervisor.core.types import Action, EventSink, Reason
 from supervisor.process.ports import free_port
 
 if TYPE_CHECKING:
-    from supervisor.coord.torchrdzv import Joined, Snapshot, TorchRendezvous
+    from supervisor.coord.torchrdzv import Joined, PatientStore, Snapshot, TorchRendezvous
 
 T = TypeVar("T")
-STATE_EVERY = 1.0  # seconds between reads of the rendezvous state (torch caches it for 1 s too)
+# A node looks at the rendezvous state (who waits to join, whose keep-alive is stale)
+# every STATE_EVERY s, less often in a large job: all nodes together about
+# JOB_LOOKS times a second. The state grows with the job (about 150 bytes a node),
+# and every look reads all of it. The first node to see news tells the others
+# through the round's "ended" key, which they wait on: the store answers a
+# ``wait`` when the key is set, so nodes at rest cost it nothing but their looks.
+STATE_EVERY = 1.0
+JOB_LOOKS = 100.0
+LISTEN_SLICE = 3600.0  # seconds a blocking wait lasts before it is renewed (it logs a timeout)
+NODES_FRESH = 1.0  # seconds the node table shown by status may be old before it is read again
+GATHER_GRACE = 2.0  # seconds after every outcome is in before any node gathers them itself
 SPARES_NOTICE = 2.5  # seconds nodes waiting in the rendezvous get to see it closed
 EXIT_BARRIER = 5.0  # seconds the last nodes wait for each other before the store host leaves
 
@@ -114,6 +125,8 @@ class RendezvousJob:
         self._slot: int | None = None  # this daemon's entry in the job's node table
         self._status: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
         self._nodes: list[dict[str, Any]] = []
+        self._nodes_at = float("-inf")
+        self._nodes_reading = False
         self._lock = threading.Lock()
 
     # -- the rendezvous ----------------------------------------------------------------
@@ -220,86 +233,98 @@ class RendezvousJob:
 
     async def watch(self, job_gen: JobGeneration) -> tuple[PeerNews, str]:
         """Return the first news that ends this node's generation."""
-        stop = threading.Event()
+        wake = threading.Event()
         try:
             return await in_thread(
-                self._guard(lambda: self._watch(job_gen, stop)), f"rdzv-watch-{job_gen.generation}"
+                self._guard(lambda: self._watch(job_gen, wake)), f"rdzv-watch-{job_gen.generation}"
             )
         finally:
-            stop.set()
+            wake.set()
 
-    def _watch(self, job_gen: JobGeneration, stop: threading.Event) -> tuple[PeerNews, str]:
+    def _watch(self, job_gen: JobGeneration, wake: threading.Event) -> tuple[PeerNews, str]:
         joined = _joined(job_gen)
-        next_state = 0.0
-        while not stop.wait(self.cfg.poll_interval):
-            if joined.store.add("ended", 0) > 0:
-                return PeerNews.ENDED, _text(joined.store, "ended_by", "a peer's generation ended")
-            now = time.monotonic()
-            if now < next_state:
-                continue
-            next_state = now + STATE_EVERY
-            self._refresh_nodes()
+        heard = _listen(joined.listeners[0], "ended", wake, f"rdzv-listen-{job_gen.generation}")
+        every = look_every(job_gen.nnodes, STATE_EVERY, JOB_LOOKS)
+        delay = random.uniform(0, every)  # noqa: S311 - nodes spread their looks, nothing secret
+        while not wake.wait(delay):
+            delay = every
             snap = self._rdzv_or_fail().snapshot()
             if snap is None:
                 continue
             news = _news(snap, joined, self.cfg.keep_alive_bound)
             if news is not None:
+                _tell(joined, *news)  # every other node hears it now, not at its next look
                 return news
-        raise _Stopped
+        if not heard:
+            raise _Stopped
+        if heard[0] is not None:
+            raise heard[0]
+        return _told(joined.store)
 
     async def announce_end(self, job_gen: JobGeneration, why: str) -> None:
         """Tell the peers, first, that this node's generation is over."""
         joined = _joined(job_gen)
-
-        def announce() -> None:
-            joined.store.set("ended_by", f"node {job_gen.node_rank} ({self._status['host']}): {why}")
-            joined.store.add("ended", 1)
-
-        await in_thread(self._guard(announce), "rdzv-announce")
+        detail = f"node {job_gen.node_rank} ({self._status['host']}): {why}"
+        await in_thread(self._guard(lambda: _tell(joined, PeerNews.ENDED, detail)), "rdzv-announce")
 
     # -- after the ranks ended -------------------------------------------------------------
 
     async def agree(self, job_gen: JobGeneration, own: NodeOutcome) -> list[NodeOutcome]:
         """Publish this node's outcome; return every node's (a lost node's as a reschedule)."""
         self.note("agreeing", outcome=str(own.action))
-        stop = threading.Event()
+        wake = threading.Event()
         try:
             return await in_thread(
-                self._guard(lambda: self._agree(job_gen, own, stop)), f"rdzv-agree-{job_gen.generation}"
+                self._guard(lambda: self._agree(job_gen, own, wake)), f"rdzv-agree-{job_gen.generation}"
             )
         finally:
-            stop.set()
+            wake.set()
 
-    def _agree(self, job_gen: JobGeneration, own: NodeOutcome, stop: threading.Event) -> list[NodeOutcome]:
-        joined = _joined(job_gen)
-        _put_outcome(joined, own)
-        got = {own.node_rank: own}
+    def _agree(self, job_gen: JobGeneration, own: NodeOutcome, wake: threading.Event) -> list[NodeOutcome]:
+        """Each node claims its own place once and publishes its outcome there; the
+        node that fills the last place gathers them all and publishes the round's
+        outcomes once (``decided``), which every node waits for. A node that sees
+        another gone claims that one's place with a reschedule instead."""
+        joined, n = _joined(job_gen), job_gen.nnodes
+        heard = _listen(joined.listeners[1], "decided", wake, f"rdzv-decided-{job_gen.generation}")
+        _claim(joined, n, own)
+        every = look_every(n, STATE_EVERY, JOB_LOOKS)
         deadline = time.monotonic() + self.cfg.seconds("join_timeout")
-        next_state = 0.0
-        while len(got) < job_gen.nnodes:
-            for rank in sorted(set(range(job_gen.nnodes)) - set(got)):
-                key = f"outcome/{rank}"
-                if joined.store.check([key]):
-                    got[rank] = _outcome(rank, joined.store.get(key))
+        full_since: float | None = None
+        delay = random.uniform(0, every)  # noqa: S311 - nodes spread their looks, nothing secret
+        while not wake.wait(delay):
+            delay = every
             now = time.monotonic()
-            if len(got) < job_gen.nnodes and now >= next_state:
-                next_state = now + STATE_EVERY
-                snap = self._rdzv_or_fail().snapshot()
-                gone = set(range(job_gen.nnodes)) if now > deadline else set()
-                if snap is not None:
-                    gone |= lost(joined.members, snap.participants, snap.heartbeats, time.time(),
-                                 self.cfg.keep_alive_bound)  # fmt: skip
-                for rank in gone - set(got):
-                    got[rank] = NodeOutcome(rank, Action.RESCHEDULE, Reason.NODE_LOST,
-                                            "its daemon stopped keeping the rendezvous alive")  # fmt: skip
-            if len(got) < job_gen.nnodes and stop.wait(self.cfg.poll_interval):
-                raise _Stopped
-        return [got[r] for r in sorted(got)]
+            if joined.store.add("published", 0) >= n:
+                # every place is filled, yet nothing is decided: the node that
+                # filled the last one went away before gathering; anyone may
+                full_since = now if full_since is None else full_since
+                if now - full_since >= GATHER_GRACE:
+                    _gather(joined, n)
+                continue
+            snap = self._rdzv_or_fail().snapshot()
+            gone = set(range(n)) if now > deadline else set()
+            if snap is not None:
+                gone |= lost(joined.members, snap.participants, snap.heartbeats, time.time(),
+                             self.cfg.keep_alive_bound)  # fmt: skip
+            for rank in sorted(gone - {own.node_rank}):
+                seen = f"its daemon stopped keeping the rendezvous alive (seen by node {own.node_rank})"
+                _claim(joined, n, NodeOutcome(rank, Action.RESCHEDULE, Reason.NODE_LOST, seen))
+        if not heard:
+            raise _Stopped
+        if heard[0] is not None:
+            raise heard[0]
+        try:
+            return unpack(orjson.loads(joined.store.get("decided")))
+        except ValueError as exc:  # orjson's errors are ValueErrors too
+            raise JobOver(
+                Action.RESCHEDULE, Reason.RENDEZVOUS_LOST, f"the round's outcomes are unreadable: {exc}"
+            ) from None
 
     async def publish(self, job_gen: JobGeneration, own: NodeOutcome) -> None:
         """Publish this node's outcome without waiting for the others' (a node that stops)."""
         joined = _joined(job_gen)
-        await in_thread(self._guard(lambda: _put_outcome(joined, own)), "rdzv-publish")
+        await in_thread(self._guard(lambda: _claim(joined, job_gen.nnodes, own)), "rdzv-publish")
 
     async def finish(
         self, job_gen: JobGeneration | None, action: Action, *, job_over: bool, live: int = 1
@@ -354,15 +379,27 @@ class RendezvousJob:
             pass
 
     def _refresh_nodes(self) -> None:
-        base = self._rdzv_or_fail().base
-        count = int(base.add("nodes", 0))
-        keys = [f"node/{i}" for i in range(count)]
-        nodes = [orjson.loads(base.get(k)) for k in keys if base.check([k])]
-        with self._lock:
-            self._nodes = nodes
+        try:
+            base = self._rdzv_or_fail().base
+            count = int(base.add("nodes", 0))
+            keys = [f"node/{i}" for i in range(count)]
+            nodes = [orjson.loads(base.get(k)) for k in keys if base.check([k])]
+            with self._lock:
+                self._nodes, self._nodes_at = nodes, time.monotonic()
+        except Exception:  # noqa: S110 - status only; the next status asks again
+            pass
+        finally:
+            with self._lock:
+                self._nodes_reading = False
 
     def nodes(self) -> list[dict[str, Any]]:
+        """The job's node table as last read. Reading it costs the store two requests
+        a node, so it is read only when someone asks (status), in the background."""
         with self._lock:
+            stale = time.monotonic() - self._nodes_at > NODES_FRESH and not self._nodes_reading
+            if stale and self._rdzv is not None and self._slot is not None:
+                self._nodes_reading = True
+                threading.Thread(target=self._refresh_nodes, name="rdzv-nodes", daemon=True).start()
             return list(self._nodes)
 
 
@@ -376,16 +413,56 @@ def _joined(job_gen: JobGeneration) -> Joined:
     return job_gen.joined
 
 
-def _text(store: Any, key: str, default: str) -> str:
+def _listen(store: PatientStore, key: str, wake: threading.Event, name: str) -> list[Exception | None]:
+    """Wait, in a thread of its own, for ``key`` to be set in the round's store; then
+    set ``wake``. What it heard: [None] (the key is set), [error], or [] (woken first)."""
+    heard: list[Exception | None] = []
+
+    def listen() -> None:
+        try:
+            while not wake.is_set():
+                if store.wait([key], LISTEN_SLICE):
+                    heard.append(None)
+                    break
+        except Exception as exc:  # the store is gone: the caller's guard names it
+            heard.append(exc)
+        finally:
+            wake.set()
+
+    threading.Thread(target=listen, name=name, daemon=True).start()
+    return heard
+
+
+def _tell(joined: Joined, news: PeerNews, detail: str) -> None:
+    """Tell every node of the round that its generation ends, and why."""
+    joined.store.set("ended_by", orjson.dumps({"news": str(news), "detail": detail}).decode())
+    joined.store.add("ended", 1)  # after: a node woken by it reads ended_by
+
+
+def _told(store: Any) -> tuple[PeerNews, str]:
     try:
-        raw = store.get(key)
-    except Exception:
-        return default
-    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+        told = orjson.loads(store.get("ended_by"))
+        return PeerNews(told["news"]), str(told["detail"])
+    except (ValueError, TypeError, KeyError):
+        return PeerNews.ENDED, "a peer's generation ended"
 
 
-def _put_outcome(joined: Joined, own: NodeOutcome) -> None:
-    joined.store.set(f"outcome/{own.node_rank}", orjson.dumps(own.to_json()).decode())
+def _claim(joined: Joined, n: int, outcome: NodeOutcome) -> None:
+    """Publish ``outcome`` in its node's place unless that place is taken (the node
+    itself, or another that saw it gone, came first); the node that fills the last
+    place gathers the round."""
+    rank = outcome.node_rank
+    if joined.store.add(f"claim/{rank}", 1) != 1:
+        return
+    joined.store.set(f"outcome/{rank}", orjson.dumps(outcome.to_json()).decode())
+    if joined.store.add("published", 1) == n:
+        _gather(joined, n)
+
+
+def _gather(joined: Joined, n: int) -> None:
+    raws = joined.store.get_many([f"outcome/{rank}" for rank in range(n)])
+    outcomes = [_outcome(rank, raw) for rank, raw in enumerate(raws)]
+    joined.store.set("decided", orjson.dumps(pack(outcomes)).decode())
 
 
 def _outcome(rank: int, raw: bytes) -> NodeOutcome:

@@ -10,6 +10,7 @@ dynamic handler's state: this module is the one place that reads it, and
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import os
 import pickle
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]
+from torch.distributed import DistStoreError, PrefixStore, Store  # type: ignore[attr-defined]
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -119,6 +120,42 @@ class PatientStore:
     def __init__(self, store: Store, patience: Patience) -> None:
         self._store, self._patience = store, patience
 
+    def listener(self) -> PatientStore:
+        """The same keys over a connection of its own, for a blocking ``wait``: a
+        TCPStore client serves one request at a time, and torch's keep-alive and
+        our other calls must not queue behind a wait. etcd's client is HTTP and
+        serves each call on its own (it has no ``clone``)."""
+        try:
+            return PatientStore(self._store.clone(), self._patience)  # type: ignore[attr-defined]
+        except (RuntimeError, NotImplementedError, AttributeError):
+            return self
+
+    def wait(self, keys: list[str], seconds: float) -> bool:
+        """Block until every key exists (True) or ``seconds`` pass (False): the
+        store answers when a key is set, so a node waiting costs it no requests."""
+
+        def wait() -> bool:
+            try:
+                self._store.wait(keys, datetime.timedelta(seconds=seconds))
+            except LookupError:  # etcd's EtcdStore: "Timeout while waiting for keys"
+                return False
+            except DistStoreError as exc:  # TCPStore: "wait timeout after ..."
+                if "timeout" not in str(exc).lower():
+                    raise
+                return False
+            return True
+
+        return bool(self._patience(wait, f"wait {keys}"))
+
+    def get_many(self, keys: list[str]) -> list[bytes]:
+        """Keys that exist, in one request where the store can (TCPStore)."""
+        try:
+            return [bytes(v) for v in self._patience(lambda: self._store.multi_get(keys), "multi_get")]
+        except (RuntimeError, NotImplementedError) as exc:
+            if isinstance(exc, DistStoreError) or "not implemented" not in str(exc).lower():
+                raise
+        return [self.get(k) for k in keys]
+
     def add(self, key: str, value: int) -> int:
         return int(self._patience(lambda: self._store.add(key, value), f"add {key}"))
 
@@ -172,6 +209,10 @@ class Joined:
     store: PatientStore  # our keys for this round only
     master_addr: str
     master_port: int
+    # the same keys over connections of their own, for the blocking waits of the
+    # watch (a peer's generation ended) and of the agreement (the round decided):
+    # opened with the round, so that a slow connect never delays hearing news
+    listeners: tuple[PatientStore, PatientStore]
 
 
 class TorchRendezvous:
@@ -270,8 +311,9 @@ class TorchRendezvous:
             raise RendezvousEnded(
                 "unreachable", f"rendezvous at {self.cfg.endpoint} failed: {_why(exc)}"
             ) from None
-        return Joined(number, node_rank, nnodes, me, members, PatientStore(store, self.patience),
-                      master.master_addr, master.master_port)  # fmt: skip
+        ours = PatientStore(store, self.patience)
+        return Joined(number, node_rank, nnodes, me, members, ours, master.master_addr, master.master_port,
+                      (ours.listener(), ours.listener()))  # fmt: skip
 
     def _next_rendezvous(self) -> Any:
         """Torch's next round; a transient store error (an etcd election) is retried
