@@ -17,6 +17,8 @@ import asyncio
 import contextlib
 import sys
 from collections import Counter
+from collections.abc import Callable, Coroutine
+from typing import Any, cast
 
 import orjson
 
@@ -40,9 +42,9 @@ class _Side(asyncio.Protocol):
         self.turn = True  # for a client side: its next bytes begin a request
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment] - uvloop's is no asyncio.Transport subclass
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no asyncio.Transport subclass
         for chunk in self.pending:  # what the client sent before this side was connected, in order
-            transport.write(chunk)  # type: ignore[attr-defined]
+            self.transport.write(chunk)
         self.pending.clear()
 
     def data_received(self, data: bytes) -> None:
@@ -103,6 +105,7 @@ async def main(store_port: int) -> None:
 
 
 if __name__ == "__main__":
+    runner: Callable[[Coroutine[Any, Any, None]], None]
     try:
         import uvloop
 

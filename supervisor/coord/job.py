@@ -25,12 +25,13 @@ import orjson
 
 from supervisor.aio import in_thread
 from supervisor.config.rendezvous import RdzvConfig
-from supervisor.core.jobwide import NodeOutcome, PeerNews, look_every, lost, pack, unpack
+from supervisor.coord import rounds as rnd
+from supervisor.core.jobwide import NodeOutcome, PeerNews, look_every, lost, unpack
 from supervisor.core.types import Action, EventSink, Reason
 from supervisor.process.ports import free_port
 
 if TYPE_CHECKING:
-    from supervisor.coord.torchrdzv import Joined, PatientStore, Snapshot, TorchRendezvous
+    from supervisor.coord.torchrdzv import Joined, TorchRendezvous
 
 T = TypeVar("T")
 # A node looks at the rendezvous state (who waits to join, whose keep-alive is stale)
@@ -41,7 +42,6 @@ T = TypeVar("T")
 # ``wait`` when the key is set, so nodes at rest cost it nothing but their looks.
 STATE_EVERY = 1.0
 JOB_LOOKS = 100.0
-LISTEN_SLICE = 3600.0  # seconds a blocking wait lasts before it is renewed (it logs a timeout)
 NODES_FRESH = 1.0  # seconds the node table shown by status may be old before it is read again
 GATHER_GRACE = 2.0  # seconds after every outcome is in before any node gathers them itself
 SPARES_NOTICE = 2.5  # seconds nodes waiting in the rendezvous get to see it closed
@@ -243,29 +243,31 @@ class RendezvousJob:
 
     def _watch(self, job_gen: JobGeneration, wake: threading.Event) -> tuple[PeerNews, str]:
         joined = _joined(job_gen)
-        heard = _listen(joined.listeners[0], "ended", wake, f"rdzv-listen-{job_gen.generation}")
+        heard = rnd.listen(joined, 0, "ended", wake, f"rdzv-listen-{job_gen.generation}")
         every = look_every(job_gen.nnodes, STATE_EVERY, JOB_LOOKS)
         delay = random.uniform(0, every)  # noqa: S311 - nodes spread their looks, nothing secret
         while not wake.wait(delay):
             delay = every
+            if not joined.listeners.ready() and joined.store.check(["ended"]):
+                return rnd.told(joined.store)  # its connection is still opening: look instead
             snap = self._rdzv_or_fail().snapshot()
             if snap is None:
                 continue
-            news = _news(snap, joined, self.cfg.keep_alive_bound)
+            news = rnd.news(snap, joined, self.cfg.keep_alive_bound)
             if news is not None:
-                _tell(joined, *news)  # every other node hears it now, not at its next look
+                rnd.tell(joined, *news)  # every other node hears it now, not at its next look
                 return news
         if not heard:
             raise _Stopped
         if heard[0] is not None:
             raise heard[0]
-        return _told(joined.store)
+        return rnd.told(joined.store)
 
     async def announce_end(self, job_gen: JobGeneration, why: str) -> None:
         """Tell the peers, first, that this node's generation is over."""
         joined = _joined(job_gen)
         detail = f"node {job_gen.node_rank} ({self._status['host']}): {why}"
-        await in_thread(self._guard(lambda: _tell(joined, PeerNews.ENDED, detail)), "rdzv-announce")
+        await in_thread(self._guard(lambda: rnd.tell(joined, PeerNews.ENDED, detail)), "rdzv-announce")
 
     # -- after the ranks ended -------------------------------------------------------------
 
@@ -286,8 +288,8 @@ class RendezvousJob:
         outcomes once (``decided``), which every node waits for. A node that sees
         another gone claims that one's place with a reschedule instead."""
         joined, n = _joined(job_gen), job_gen.nnodes
-        heard = _listen(joined.listeners[1], "decided", wake, f"rdzv-decided-{job_gen.generation}")
-        _claim(joined, n, own)
+        heard = rnd.listen(joined, 1, "decided", wake, f"rdzv-decided-{job_gen.generation}")
+        rnd.claim(joined, n, own)
         every = look_every(n, STATE_EVERY, JOB_LOOKS)
         deadline = time.monotonic() + self.cfg.seconds("join_timeout")
         full_since: float | None = None
@@ -295,21 +297,24 @@ class RendezvousJob:
         while not wake.wait(delay):
             delay = every
             now = time.monotonic()
+            if now > deadline:  # join_timeout without a decision: decide with what is there
+                rnd.gather(joined, n)
+                continue
             if joined.store.add("published", 0) >= n:
                 # every place is filled, yet nothing is decided: the node that
                 # filled the last one went away before gathering; anyone may
                 full_since = now if full_since is None else full_since
                 if now - full_since >= GATHER_GRACE:
-                    _gather(joined, n)
+                    rnd.gather(joined, n)
                 continue
             snap = self._rdzv_or_fail().snapshot()
-            gone = set(range(n)) if now > deadline else set()
-            if snap is not None:
-                gone |= lost(joined.members, snap.participants, snap.heartbeats, time.time(),
-                             self.cfg.keep_alive_bound)  # fmt: skip
+            if snap is None:
+                continue
+            bound = self.cfg.keep_alive_bound
+            gone = lost(joined.members, snap.participants, snap.heartbeats, time.time(), bound)
             for rank in sorted(gone - {own.node_rank}):
                 seen = f"its daemon stopped keeping the rendezvous alive (seen by node {own.node_rank})"
-                _claim(joined, n, NodeOutcome(rank, Action.RESCHEDULE, Reason.NODE_LOST, seen))
+                rnd.claim(joined, n, NodeOutcome(rank, Action.RESCHEDULE, Reason.NODE_LOST, seen))
         if not heard:
             raise _Stopped
         if heard[0] is not None:
@@ -324,7 +329,7 @@ class RendezvousJob:
     async def publish(self, job_gen: JobGeneration, own: NodeOutcome) -> None:
         """Publish this node's outcome without waiting for the others' (a node that stops)."""
         joined = _joined(job_gen)
-        await in_thread(self._guard(lambda: _claim(joined, job_gen.nnodes, own)), "rdzv-publish")
+        await in_thread(self._guard(lambda: rnd.claim(joined, job_gen.nnodes, own)), "rdzv-publish")
 
     async def finish(
         self, job_gen: JobGeneration | None, action: Action, *, job_over: bool, live: int = 1
@@ -349,7 +354,7 @@ class RendezvousJob:
                 # before the store (hosted by one of us) goes away
                 time.sleep(SPARES_NOTICE)
             if job_gen is not None and job_gen.joined is not None:
-                _barrier(job_gen.joined, live, EXIT_BARRIER)
+                rnd.barrier(job_gen.joined, live, EXIT_BARRIER)
 
         try:
             await in_thread(finish, "rdzv-finish")
@@ -411,87 +416,3 @@ def _joined(job_gen: JobGeneration) -> Joined:
     if job_gen.joined is None:
         raise RuntimeError(f"generation {job_gen.generation} has no rendezvous round")
     return job_gen.joined
-
-
-def _listen(store: PatientStore, key: str, wake: threading.Event, name: str) -> list[Exception | None]:
-    """Wait, in a thread of its own, for ``key`` to be set in the round's store; then
-    set ``wake``. What it heard: [None] (the key is set), [error], or [] (woken first)."""
-    heard: list[Exception | None] = []
-
-    def listen() -> None:
-        try:
-            while not wake.is_set():
-                if store.wait([key], LISTEN_SLICE):
-                    heard.append(None)
-                    break
-        except Exception as exc:  # the store is gone: the caller's guard names it
-            heard.append(exc)
-        finally:
-            wake.set()
-
-    threading.Thread(target=listen, name=name, daemon=True).start()
-    return heard
-
-
-def _tell(joined: Joined, news: PeerNews, detail: str) -> None:
-    """Tell every node of the round that its generation ends, and why."""
-    joined.store.set("ended_by", orjson.dumps({"news": str(news), "detail": detail}).decode())
-    joined.store.add("ended", 1)  # after: a node woken by it reads ended_by
-
-
-def _told(store: Any) -> tuple[PeerNews, str]:
-    try:
-        told = orjson.loads(store.get("ended_by"))
-        return PeerNews(told["news"]), str(told["detail"])
-    except (ValueError, TypeError, KeyError):
-        return PeerNews.ENDED, "a peer's generation ended"
-
-
-def _claim(joined: Joined, n: int, outcome: NodeOutcome) -> None:
-    """Publish ``outcome`` in its node's place unless that place is taken (the node
-    itself, or another that saw it gone, came first); the node that fills the last
-    place gathers the round."""
-    rank = outcome.node_rank
-    if joined.store.add(f"claim/{rank}", 1) != 1:
-        return
-    joined.store.set(f"outcome/{rank}", orjson.dumps(outcome.to_json()).decode())
-    if joined.store.add("published", 1) == n:
-        _gather(joined, n)
-
-
-def _gather(joined: Joined, n: int) -> None:
-    raws = joined.store.get_many([f"outcome/{rank}" for rank in range(n)])
-    outcomes = [_outcome(rank, raw) for rank, raw in enumerate(raws)]
-    joined.store.set("decided", orjson.dumps(pack(outcomes)).decode())
-
-
-def _outcome(rank: int, raw: bytes) -> NodeOutcome:
-    try:
-        outcome = NodeOutcome.from_json(orjson.loads(raw))
-    except (ValueError, TypeError) as exc:
-        # a peer we cannot understand is a peer we cannot follow
-        return NodeOutcome(rank, Action.RESCHEDULE, Reason.NODE_LOST, f"unreadable outcome: {exc}")
-    return outcome
-
-
-def _news(snap: Snapshot, joined: Joined, bound: float) -> tuple[PeerNews, str] | None:
-    if snap.closed:
-        return PeerNews.CLOSED, "the rendezvous was closed"
-    if snap.waiting:
-        return PeerNews.WAITING, f"{len(snap.waiting)} node(s) waiting to join"
-    others = {r: who for r, who in joined.members.items() if who != joined.me}
-    gone = lost(others, snap.participants, snap.heartbeats, time.time(), bound)
-    if gone:
-        return (
-            PeerNews.LOST,
-            f"node(s) {sorted(gone)} stopped keeping the rendezvous alive (bound {bound:g} s)",
-        )
-    return None
-
-
-def _barrier(joined: Joined, n: int, timeout: float) -> None:
-    """Wait (bounded) for every node to be done with the store: one of us hosts it."""
-    joined.store.add("left", 1)
-    deadline = time.monotonic() + timeout
-    while joined.store.add("left", 0) < n and time.monotonic() < deadline:
-        time.sleep(0.05)

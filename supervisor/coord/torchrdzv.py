@@ -14,6 +14,7 @@ import datetime
 import importlib
 import os
 import pickle
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -197,6 +198,38 @@ class Snapshot:
     heartbeats: dict[str, float]  # node identity -> wall-clock seconds
 
 
+class Listeners:
+    """A round's keys over two connections of their own, for the blocking waits of
+    the watch (a peer's generation ended) and of the agreement (the round decided).
+    Opened in the background as the round starts: a slow connect (this machine's
+    TCP sometimes takes 5 s) must not hold up the join, and each round has its
+    own, so a wait left over from the last round never queues the next one's."""
+
+    def __init__(self, store: PatientStore) -> None:
+        self._ready = threading.Event()
+        self._stores: list[PatientStore] = []
+        self._error: Exception | None = None
+        threading.Thread(target=self._open, args=(store,), name="rdzv-listeners", daemon=True).start()
+
+    def _open(self, store: PatientStore) -> None:
+        try:
+            self._stores = [store.listener(), store.listener()]
+        except Exception as exc:  # the store is gone: the waiting side names it
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def get(self, which: int) -> PatientStore:
+        """Blocks until the connections are open (0: the watch's, 1: the agreement's)."""
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self._stores[which]
+
+
 @dataclass(frozen=True, slots=True)
 class Joined:
     """One completed rendezvous round, as this node sees it."""
@@ -209,10 +242,7 @@ class Joined:
     store: PatientStore  # our keys for this round only
     master_addr: str
     master_port: int
-    # the same keys over connections of their own, for the blocking waits of the
-    # watch (a peer's generation ended) and of the agreement (the round decided):
-    # opened with the round, so that a slow connect never delays hearing news
-    listeners: tuple[PatientStore, PatientStore]
+    listeners: Listeners  # for the blocking waits of the watch and of the agreement
 
 
 class TorchRendezvous:
@@ -313,7 +343,7 @@ class TorchRendezvous:
             ) from None
         ours = PatientStore(store, self.patience)
         return Joined(number, node_rank, nnodes, me, members, ours, master.master_addr, master.master_port,
-                      (ours.listener(), ours.listener()))  # fmt: skip
+                      Listeners(ours))  # fmt: skip
 
     def _next_rendezvous(self) -> Any:
         """Torch's next round; a transient store error (an etcd election) is retried
