@@ -117,8 +117,11 @@ def news(snap: Snapshot, joined: Joined, bound: float) -> tuple[PeerNews, str] |
 
 
 def barrier(joined: Joined, n: int, timeout: float) -> None:
-    """Wait (bounded) for every node to be done with the store: one of us hosts it."""
-    joined.store.add("left", 1)
-    deadline = time.monotonic() + timeout
-    while joined.store.add("left", 0) < n and time.monotonic() < deadline:
-        time.sleep(0.05)
+    """Wait (bounded) for every node to be done with the store: one of us hosts it.
+
+    The last to arrive sets ``all_left`` and the store answers every node's wait at
+    once; after it nobody asks the store anything, so its host may leave. (Polling a
+    count, a node still between two looks asked a store whose host had just left.)"""
+    if joined.store.add("left", 1) >= n:
+        joined.store.set("all_left", "1")
+    joined.store.wait(["all_left"], timeout)
