@@ -62,8 +62,6 @@ class RdzvConfig:
     node_rank: int = 0  # used by the static backend only: dynamic ones assign it
     local_addr: str | None = None
     conf: Mapping[str, str] = field(default_factory=dict)
-    # how often a running node looks at its peers' news in the store
-    poll_interval: float = 0.1
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -24,15 +25,36 @@ import orjson
 
 from supervisor.aio import in_thread
 from supervisor.config.rendezvous import RdzvConfig
-from supervisor.core.jobwide import NodeOutcome, PeerNews, lost
+from supervisor.coord import rounds as rnd
+from supervisor.core.jobwide import NodeOutcome, PeerNews, look_every, lost, unpack
 from supervisor.core.types import Action, EventSink, Reason
 from supervisor.process.ports import free_port
 
 if TYPE_CHECKING:
-    from supervisor.coord.torchrdzv import Joined, Snapshot, TorchRendezvous
+    from supervisor.coord.torchrdzv import Joined, TorchRendezvous
 
 T = TypeVar("T")
-STATE_EVERY = 1.0  # seconds between reads of the rendezvous state (torch caches it for 1 s too)
+# A node looks at the rendezvous state (who waits to join, whose keep-alive is stale)
+# every STATE_EVERY s, less often in a large job: all nodes together about
+# JOB_LOOKS times a second. The state grows with the job (about 150 bytes a node),
+# and every look reads all of it. The first node to see news tells the others
+# through the round's "ended" key, which they wait on: the store answers a
+# ``wait`` when the key is set, so nodes at rest cost it nothing but their looks.
+STATE_EVERY = 1.0
+JOB_LOOKS = 100.0
+# straggler medians: SAMPLE_NODES other nodes read (2 requests each) every
+# sample_every(N) s, so that the whole job makes at most SAMPLE_BUDGET of these a second
+SAMPLE_NODES = 8
+SAMPLE_BUDGET = 400.0
+SAMPLE_MIN = 1.0
+
+
+def sample_every(nnodes: int) -> float:
+    return max(SAMPLE_MIN, nnodes * 2 * SAMPLE_NODES / SAMPLE_BUDGET)
+
+
+NODES_FRESH = 1.0  # seconds the node table shown by status may be old before it is read again
+GATHER_GRACE = 2.0  # seconds after every outcome is in before any node gathers them itself
 SPARES_NOTICE = 2.5  # seconds nodes waiting in the rendezvous get to see it closed
 EXIT_BARRIER = 5.0  # seconds the last nodes wait for each other before the store host leaves
 
@@ -100,6 +122,9 @@ class LocalJob:
     def nodes(self) -> list[dict[str, Any]]:
         return []
 
+    def sample(self) -> list[dict[str, Any]]:
+        return []
+
     def share(self, **fields: Any) -> None:
         """Nothing to share with: a single node."""
 
@@ -117,7 +142,13 @@ class RendezvousJob:
         self._slot: int | None = None  # this daemon's entry in the job's node table
         self._status: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
         self._nodes: list[dict[str, Any]] = []
+        self._nodes_at = float("-inf")
+        self._nodes_reading = False
         self._unpublished = False  # shared fields the watcher has not published yet
+        self._sample: list[dict[str, Any]] = []  # a few other nodes' status (straggler medians)
+        self._sample_at = float("-inf")
+        self._sampling = False
+        self._nnodes = 1
         self._lock = threading.Lock()
 
     # -- the rendezvous ----------------------------------------------------------------
@@ -152,6 +183,7 @@ class RendezvousJob:
             return joined, int(rdzv.base.add("restarts", 0))
 
         joined, used = await in_thread(self._guard(join), f"rdzv-join-{generation}")
+        self._nnodes = joined.nnodes
         self._events.emit(
             "rendezvous_joined",
             generation=generation,
@@ -224,89 +256,106 @@ class RendezvousJob:
 
     async def watch(self, job_gen: JobGeneration) -> tuple[PeerNews, str]:
         """Return the first news that ends this node's generation."""
-        stop = threading.Event()
+        wake = threading.Event()
         try:
             return await in_thread(
-                self._guard(lambda: self._watch(job_gen, stop)), f"rdzv-watch-{job_gen.generation}"
+                self._guard(lambda: self._watch(job_gen, wake)), f"rdzv-watch-{job_gen.generation}"
             )
         finally:
-            stop.set()
+            wake.set()
 
-    def _watch(self, job_gen: JobGeneration, stop: threading.Event) -> tuple[PeerNews, str]:
+    def _watch(self, job_gen: JobGeneration, wake: threading.Event) -> tuple[PeerNews, str]:
         joined = _joined(job_gen)
-        next_state = 0.0
-        while not stop.wait(self.cfg.poll_interval):
-            if joined.store.add("ended", 0) > 0:
-                return PeerNews.ENDED, _text(joined.store, "ended_by", "a peer's generation ended")
-            now = time.monotonic()
-            if now < next_state:
-                continue
-            next_state = now + STATE_EVERY
+        heard = rnd.listen(joined, 0, "ended", wake, f"rdzv-listen-{job_gen.generation}")
+        every = look_every(job_gen.nnodes, STATE_EVERY, JOB_LOOKS)
+        delay = random.uniform(0, every)  # noqa: S311 - nodes spread their looks, nothing secret
+        while not wake.wait(delay):
+            delay = every
+            if not joined.listeners.ready() and joined.store.check(["ended"]):
+                return rnd.told(joined.store)  # its connection is still opening: look instead
             if self._unpublished and self._slot is not None:
                 self._unpublished = False
                 self._publish()
-            self._refresh_nodes()
             snap = self._rdzv_or_fail().snapshot()
             if snap is None:
                 continue
-            news = _news(snap, joined, self.cfg.keep_alive_bound)
+            news = rnd.news(snap, joined, self.cfg.keep_alive_bound)
             if news is not None:
+                rnd.tell(joined, *news)  # every other node hears it now, not at its next look
                 return news
-        raise _Stopped
+        if not heard:
+            raise _Stopped
+        if heard[0] is not None:
+            raise heard[0]
+        return rnd.told(joined.store)
 
     async def announce_end(self, job_gen: JobGeneration, why: str) -> None:
         """Tell the peers, first, that this node's generation is over."""
         joined = _joined(job_gen)
-
-        def announce() -> None:
-            joined.store.set("ended_by", f"node {job_gen.node_rank} ({self._status['host']}): {why}")
-            joined.store.add("ended", 1)
-
-        await in_thread(self._guard(announce), "rdzv-announce")
+        detail = f"node {job_gen.node_rank} ({self._status['host']}): {why}"
+        await in_thread(self._guard(lambda: rnd.tell(joined, PeerNews.ENDED, detail)), "rdzv-announce")
 
     # -- after the ranks ended -------------------------------------------------------------
 
     async def agree(self, job_gen: JobGeneration, own: NodeOutcome) -> list[NodeOutcome]:
         """Publish this node's outcome; return every node's (a lost node's as a reschedule)."""
         self.note("agreeing", outcome=str(own.action))
-        stop = threading.Event()
+        wake = threading.Event()
         try:
             return await in_thread(
-                self._guard(lambda: self._agree(job_gen, own, stop)), f"rdzv-agree-{job_gen.generation}"
+                self._guard(lambda: self._agree(job_gen, own, wake)), f"rdzv-agree-{job_gen.generation}"
             )
         finally:
-            stop.set()
+            wake.set()
 
-    def _agree(self, job_gen: JobGeneration, own: NodeOutcome, stop: threading.Event) -> list[NodeOutcome]:
-        joined = _joined(job_gen)
-        _put_outcome(joined, own)
-        got = {own.node_rank: own}
+    def _agree(self, job_gen: JobGeneration, own: NodeOutcome, wake: threading.Event) -> list[NodeOutcome]:
+        """Each node claims its own place once and publishes its outcome there; the
+        node that fills the last place gathers them all and publishes the round's
+        outcomes once (``decided``), which every node waits for. A node that sees
+        another gone claims that one's place with a reschedule instead."""
+        joined, n = _joined(job_gen), job_gen.nnodes
+        heard = rnd.listen(joined, 1, "decided", wake, f"rdzv-decided-{job_gen.generation}")
+        rnd.claim(joined, n, own)
+        every = look_every(n, STATE_EVERY, JOB_LOOKS)
         deadline = time.monotonic() + self.cfg.seconds("join_timeout")
-        next_state = 0.0
-        while len(got) < job_gen.nnodes:
-            for rank in sorted(set(range(job_gen.nnodes)) - set(got)):
-                key = f"outcome/{rank}"
-                if joined.store.check([key]):
-                    got[rank] = _outcome(rank, joined.store.get(key))
+        full_since: float | None = None
+        delay = random.uniform(0, every)  # noqa: S311 - nodes spread their looks, nothing secret
+        while not wake.wait(delay):
+            delay = every
             now = time.monotonic()
-            if len(got) < job_gen.nnodes and now >= next_state:
-                next_state = now + STATE_EVERY
-                snap = self._rdzv_or_fail().snapshot()
-                gone = set(range(job_gen.nnodes)) if now > deadline else set()
-                if snap is not None:
-                    gone |= lost(joined.members, snap.participants, snap.heartbeats, time.time(),
-                                 self.cfg.keep_alive_bound)  # fmt: skip
-                for rank in gone - set(got):
-                    got[rank] = NodeOutcome(rank, Action.RESCHEDULE, Reason.NODE_LOST,
-                                            "its daemon stopped keeping the rendezvous alive")  # fmt: skip
-            if len(got) < job_gen.nnodes and stop.wait(self.cfg.poll_interval):
-                raise _Stopped
-        return [got[r] for r in sorted(got)]
+            if now > deadline:  # join_timeout without a decision: decide with what is there
+                rnd.gather(joined, n)
+                continue
+            if joined.store.add("published", 0) >= n:
+                # every place is filled, yet nothing is decided: the node that
+                # filled the last one went away before gathering; anyone may
+                full_since = now if full_since is None else full_since
+                if now - full_since >= GATHER_GRACE:
+                    rnd.gather(joined, n)
+                continue
+            snap = self._rdzv_or_fail().snapshot()
+            if snap is None:
+                continue
+            bound = self.cfg.keep_alive_bound
+            gone = lost(joined.members, snap.participants, snap.heartbeats, time.time(), bound)
+            for rank in sorted(gone - {own.node_rank}):
+                seen = f"its daemon stopped keeping the rendezvous alive (seen by node {own.node_rank})"
+                rnd.claim(joined, n, NodeOutcome(rank, Action.RESCHEDULE, Reason.NODE_LOST, seen))
+        if not heard:
+            raise _Stopped
+        if heard[0] is not None:
+            raise heard[0]
+        try:
+            return unpack(orjson.loads(joined.store.get("decided")))
+        except ValueError as exc:  # orjson's errors are ValueErrors too
+            raise JobOver(
+                Action.RESCHEDULE, Reason.RENDEZVOUS_LOST, f"the round's outcomes are unreadable: {exc}"
+            ) from None
 
     async def publish(self, job_gen: JobGeneration, own: NodeOutcome) -> None:
         """Publish this node's outcome without waiting for the others' (a node that stops)."""
         joined = _joined(job_gen)
-        await in_thread(self._guard(lambda: _put_outcome(joined, own)), "rdzv-publish")
+        await in_thread(self._guard(lambda: rnd.claim(joined, job_gen.nnodes, own)), "rdzv-publish")
 
     async def finish(
         self, job_gen: JobGeneration | None, action: Action, *, job_over: bool, live: int = 1
@@ -331,7 +380,7 @@ class RendezvousJob:
                 # before the store (hosted by one of us) goes away
                 time.sleep(SPARES_NOTICE)
             if job_gen is not None and job_gen.joined is not None:
-                _barrier(job_gen.joined, live, EXIT_BARRIER)
+                rnd.barrier(job_gen.joined, live, EXIT_BARRIER)
 
         try:
             await in_thread(finish, "rdzv-finish")
@@ -368,15 +417,55 @@ class RendezvousJob:
             pass
 
     def _refresh_nodes(self) -> None:
-        base = self._rdzv_or_fail().base
-        count = int(base.add("nodes", 0))
-        keys = [f"node/{i}" for i in range(count)]
-        nodes = [orjson.loads(base.get(k)) for k in keys if base.check([k])]
+        try:
+            base = self._rdzv_or_fail().base
+            count = int(base.add("nodes", 0))
+            keys = [f"node/{i}" for i in range(count)]
+            nodes = [orjson.loads(base.get(k)) for k in keys if base.check([k])]
+            with self._lock:
+                self._nodes, self._nodes_at = nodes, time.monotonic()
+        except Exception:  # noqa: S110 - status only; the next status asks again
+            pass
+        finally:
+            with self._lock:
+                self._nodes_reading = False
+
+    def sample(self) -> list[dict[str, Any]]:
+        """A few other nodes' published status (their straggler medians), as last read:
+        SAMPLE_NODES of them, picked at random, read again in the background once the
+        last read is older than sample_every(nnodes). Every node reading every other's
+        would cost the store N^2 requests a round; a sample of eight nodes' ranks is
+        enough for the job's typical step time."""
         with self._lock:
-            self._nodes = nodes
+            stale = time.monotonic() - self._sample_at > sample_every(self._nnodes) and not self._sampling
+            if stale and self._rdzv is not None and self._slot is not None:
+                self._sampling = True
+                threading.Thread(target=self._read_sample, name="rdzv-sample", daemon=True).start()
+            return list(self._sample)
+
+    def _read_sample(self) -> None:
+        try:
+            base = self._rdzv_or_fail().base
+            others = [i for i in range(int(base.add("nodes", 0))) if i != self._slot]
+            picked = random.sample(others, min(SAMPLE_NODES, len(others)))  # a sample, not a secret
+            keys = [f"node/{i}" for i in picked]
+            nodes = [orjson.loads(base.get(k)) for k in keys if base.check([k])]
+            with self._lock:
+                self._sample = nodes
+        except Exception:  # noqa: S110 - straggler scoring goes on against this node's ranks
+            pass
+        finally:
+            with self._lock:
+                self._sample_at, self._sampling = time.monotonic(), False
 
     def nodes(self) -> list[dict[str, Any]]:
+        """The job's node table as last read. Reading it costs the store two requests
+        a node, so it is read only when someone asks (status), in the background."""
         with self._lock:
+            stale = time.monotonic() - self._nodes_at > NODES_FRESH and not self._nodes_reading
+            if stale and self._rdzv is not None and self._slot is not None:
+                self._nodes_reading = True
+                threading.Thread(target=self._refresh_nodes, name="rdzv-nodes", daemon=True).start()
             return list(self._nodes)
 
 
@@ -388,47 +477,3 @@ def _joined(job_gen: JobGeneration) -> Joined:
     if job_gen.joined is None:
         raise RuntimeError(f"generation {job_gen.generation} has no rendezvous round")
     return job_gen.joined
-
-
-def _text(store: Any, key: str, default: str) -> str:
-    try:
-        raw = store.get(key)
-    except Exception:
-        return default
-    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-
-
-def _put_outcome(joined: Joined, own: NodeOutcome) -> None:
-    joined.store.set(f"outcome/{own.node_rank}", orjson.dumps(own.to_json()).decode())
-
-
-def _outcome(rank: int, raw: bytes) -> NodeOutcome:
-    try:
-        outcome = NodeOutcome.from_json(orjson.loads(raw))
-    except (ValueError, TypeError) as exc:
-        # a peer we cannot understand is a peer we cannot follow
-        return NodeOutcome(rank, Action.RESCHEDULE, Reason.NODE_LOST, f"unreadable outcome: {exc}")
-    return outcome
-
-
-def _news(snap: Snapshot, joined: Joined, bound: float) -> tuple[PeerNews, str] | None:
-    if snap.closed:
-        return PeerNews.CLOSED, "the rendezvous was closed"
-    if snap.waiting:
-        return PeerNews.WAITING, f"{len(snap.waiting)} node(s) waiting to join"
-    others = {r: who for r, who in joined.members.items() if who != joined.me}
-    gone = lost(others, snap.participants, snap.heartbeats, time.time(), bound)
-    if gone:
-        return (
-            PeerNews.LOST,
-            f"node(s) {sorted(gone)} stopped keeping the rendezvous alive (bound {bound:g} s)",
-        )
-    return None
-
-
-def _barrier(joined: Joined, n: int, timeout: float) -> None:
-    """Wait (bounded) for every node to be done with the store: one of us hosts it."""
-    joined.store.add("left", 1)
-    deadline = time.monotonic() + timeout
-    while joined.store.add("left", 0) < n and time.monotonic() < deadline:
-        time.sleep(0.05)

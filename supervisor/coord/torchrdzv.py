@@ -10,15 +10,17 @@ dynamic handler's state: this module is the one place that reads it, and
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import os
 import pickle
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]
+from torch.distributed import DistStoreError, PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -119,6 +121,32 @@ class PatientStore:
     def __init__(self, store: Store, patience: Patience) -> None:
         self._store, self._patience = store, patience
 
+    def wait(self, keys: list[str], seconds: float) -> bool:
+        """Block until every key exists (True) or ``seconds`` pass (False): the
+        store answers when a key is set, so a node waiting costs it no requests."""
+
+        def wait() -> bool:
+            try:
+                self._store.wait(keys, datetime.timedelta(seconds=seconds))
+            except LookupError:  # etcd's EtcdStore: "Timeout while waiting for keys"
+                return False
+            except DistStoreError as exc:  # TCPStore: "wait timeout after ..."
+                if "timeout" not in str(exc).lower():
+                    raise
+                return False
+            return True
+
+        return bool(self._patience(wait, f"wait {keys}"))
+
+    def get_many(self, keys: list[str]) -> list[bytes]:
+        """Keys that exist, in one request where the store can (TCPStore)."""
+        try:
+            return [bytes(v) for v in self._patience(lambda: self._store.multi_get(keys), "multi_get")]
+        except (RuntimeError, NotImplementedError) as exc:
+            if isinstance(exc, DistStoreError) or "not implemented" not in str(exc).lower():
+                raise
+        return [self.get(k) for k in keys]
+
     def add(self, key: str, value: int) -> int:
         return int(self._patience(lambda: self._store.add(key, value), f"add {key}"))
 
@@ -160,6 +188,43 @@ class Snapshot:
     heartbeats: dict[str, float]  # node identity -> wall-clock seconds
 
 
+class Listeners:
+    """A round's keys over two connections of their own, for the blocking waits of
+    the watch (a peer's generation ended) and of the agreement (the round decided):
+    a TCPStore client serves one request at a time, and torch's keep-alive and our
+    other calls must not queue behind a wait. Each round opens its own, so that a
+    wait left over from the last round never queues the next one's, in the
+    background: a slow connect (this machine's sometimes take 5 s) must not hold up
+    the join. etcd's client is HTTP and serves each call on its own: it is shared."""
+
+    def __init__(self, store: PatientStore, open_one: Callable[[], PatientStore] | None) -> None:
+        self._ready = threading.Event()
+        self._stores: list[PatientStore] = [store, store]
+        self._error: Exception | None = None
+        if open_one is None:
+            self._ready.set()
+            return
+        threading.Thread(target=self._open, args=(open_one,), name="rdzv-listeners", daemon=True).start()
+
+    def _open(self, open_one: Callable[[], PatientStore]) -> None:
+        try:
+            self._stores = [open_one(), open_one()]
+        except Exception as exc:  # the store is gone: the waiting side names it
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def get(self, which: int) -> PatientStore:
+        """Blocks until the connections are open (0: the watch's, 1: the agreement's)."""
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self._stores[which]
+
+
 @dataclass(frozen=True, slots=True)
 class Joined:
     """One completed rendezvous round, as this node sees it."""
@@ -172,6 +237,7 @@ class Joined:
     store: PatientStore  # our keys for this round only
     master_addr: str
     master_port: int
+    listeners: Listeners  # for the blocking waits of the watch and of the agreement
 
 
 class TorchRendezvous:
@@ -244,13 +310,17 @@ class TorchRendezvous:
                 if self._base is None:
                     self._base = PatientStore(PrefixStore(OUR_PREFIX, info.store), self.patience)
                 number, members, me = generation, dict.fromkeys(range(nnodes), ""), ""
-                store = PrefixStore(f"{OUR_PREFIX}/g{generation}", info.store)
+                prefix = f"{OUR_PREFIX}/g{generation}"
+                store = PrefixStore(prefix, info.store)
             else:
                 state = self._handler._state_holder.state  # the state that made this round
                 number = state.round
                 members = {rank: repr(node) for node, rank in state.participants.items()}
                 me = repr(self._handler._this_node)
                 store = PrefixStore(OUR_PREFIX, info.store)  # already the round's prefix
+                # torch's prefix for the round (DynamicRendezvousHandler._wrap_store), then ours:
+                # test_rendezvous checks that a listener reads what the round's store wrote
+                prefix = f"torch.rendezvous.{self.cfg.run_id}.{number}/{OUR_PREFIX}"
             master = RendezvousStoreInfo.build(node_rank, store, self.cfg.local_addr, server_port=master_port)
         except RendezvousGracefulExitError as exc:
             raise RendezvousEnded(
@@ -270,8 +340,23 @@ class TorchRendezvous:
             raise RendezvousEnded(
                 "unreachable", f"rendezvous at {self.cfg.endpoint} failed: {_why(exc)}"
             ) from None
-        return Joined(number, node_rank, nnodes, me, members, PatientStore(store, self.patience),
-                      master.master_addr, master.master_port)  # fmt: skip
+        ours = PatientStore(store, self.patience)
+        return Joined(number, node_rank, nnodes, me, members, ours, master.master_addr, master.master_port,
+                      Listeners(ours, self._opener(info.store, prefix)))  # fmt: skip
+
+    def _opener(self, raw: Any, prefix: str) -> Callable[[], PatientStore] | None:
+        """How to open another connection to ``raw`` (a TCPStore) under ``prefix``: a
+        new client, not ``clone()``, which may hold the original's lock while it connects."""
+        inner = getattr(raw, "underlying_store", raw)  # torch's round prefix wraps the TCPStore
+        if not isinstance(inner, TCPStore):
+            return None
+        host, port, timeout = inner.host, inner.port, inner.timeout  # type: ignore[attr-defined]
+
+        def open_one() -> PatientStore:
+            conn = TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
+            return PatientStore(PrefixStore(prefix, conn), self.patience)
+
+        return open_one
 
     def _next_rendezvous(self) -> Any:
         """Torch's next round; a transient store error (an etcd election) is retried

@@ -168,3 +168,48 @@ def lost(
         if who not in participants or beat is None or now - beat > bound:
             gone.add(rank)
     return frozenset(gone)
+
+
+def look_every(nnodes: int, floor: float, job_per_second: float) -> float:
+    """Seconds between one node's looks at the shared rendezvous state.
+
+    Every node looks at least every ``floor`` seconds; in a large job each looks
+    less often, so that all nodes together look about ``job_per_second`` times a
+    second. A node that sees news tells every other through the store at once, so
+    the job notices a change as soon as any node looks: spread over the interval,
+    the N nodes' looks keep the job's detection time near ``1 / job_per_second``.
+    """
+    return max(floor, nnodes / job_per_second)
+
+
+# the fields every node of a round shares when it only follows (same action,
+# reason and detail): one entry for all of them, with their node ranks and hosts
+_SHARED = ("action", "reason", "detail", "rule", "peer")
+
+
+def pack(outcomes: Iterable[NodeOutcome]) -> list[dict[str, object]]:
+    """A round's outcomes as published once for every node: grouped by what they
+    share, so 1,000 nodes that follow one failure cost one entry, not 1,000."""
+    groups: dict[tuple[object, ...], tuple[dict[str, object], list[list[object]]]] = {}
+    for o in outcomes:
+        data = o.to_json()
+        key = tuple(data[f] for f in _SHARED)
+        if key not in groups:
+            groups[key] = ({f: data[f] for f in _SHARED}, [])
+        groups[key][1].append([o.node_rank, o.node])
+    return [{**shared, "nodes": nodes} for shared, nodes in groups.values()]
+
+
+def unpack(data: object) -> list[NodeOutcome]:
+    """Raises ValueError for anything but what ``pack`` wrote; sorted by node rank."""
+    if not isinstance(data, list):
+        raise ValueError(f"a round's outcomes are a list, not {type(data).__name__}")  # noqa: TRY004 - one error type for callers
+    out = []
+    for group in data:
+        if not isinstance(group, dict) or not isinstance(group.get("nodes"), list):
+            raise ValueError(f"a group of outcomes without nodes: {group!r}"[:200])  # noqa: TRY004
+        for entry in group["nodes"]:
+            if not isinstance(entry, list) or len(entry) != 2:
+                raise ValueError(f"a node entry is [rank, host], not {entry!r}"[:200])
+            out.append(NodeOutcome.from_json({**group, "node_rank": entry[0], "node": entry[1]}))
+    return sorted(out, key=lambda o: o.node_rank)

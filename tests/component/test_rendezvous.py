@@ -50,6 +50,11 @@ def test_two_nodes_agree_on_the_round_and_the_master(endpoint: str) -> None:
     # what one publishes under the round's prefix, the other reads
     ja.store.set("outcome/x", "hello")
     assert jb.store.get("outcome/x") == b"hello"
+    # ... and so do the connections of its own a node waits on (torch's round prefix)
+    for which in (0, 1):
+        assert jb.listeners.get(which).wait(["outcome/x"], 5)
+        assert not jb.listeners.get(which).wait(["outcome/never"], 0.1)
+    assert jb.listeners.get(0) is not jb.store
 
     snap = a.snapshot()
     assert snap.complete and not snap.closed and snap.round == ja.round

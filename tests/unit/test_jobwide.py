@@ -6,7 +6,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.core.jobwide import NodeOutcome, PeerNews, follow, joint, lost, spends_budget
+from supervisor.core.jobwide import (
+    NodeOutcome,
+    PeerNews,
+    follow,
+    joint,
+    look_every,
+    lost,
+    pack,
+    spends_budget,
+    unpack,
+)
 from supervisor.core.policy import Budget
 from supervisor.core.types import Action, Reason
 
@@ -107,3 +117,40 @@ def test_outcomes_survive_the_store_and_bad_ones_are_named() -> None:
         NodeOutcome.from_json({"node_rank": 3})
     with pytest.raises(ValueError, match="explode"):
         NodeOutcome.from_json({"node_rank": 3, "action": "explode"})
+
+
+full = st.builds(
+    NodeOutcome,
+    st.integers(0, 4096),
+    actions,
+    reasons,
+    st.sampled_from(["", "rank 0 raised", "node 3 (h3): generation 0 failed"]),
+    st.sampled_from(["", "h1", "gpu-12"]),
+    st.sampled_from([None, "P0", "N1"]),
+    st.booleans(),
+)
+
+
+@given(st.lists(full, max_size=40, unique_by=lambda o: o.node_rank))
+def test_a_rounds_outcomes_are_published_once_and_read_back_alike(round_: list[NodeOutcome]) -> None:
+    assert unpack(pack(round_)) == sorted(round_, key=lambda o: o.node_rank)
+
+
+def test_followers_share_one_entry_and_bad_packs_are_named() -> None:
+    failed = NodeOutcome(0, A.RESTART, R.RANK_FAILED, "rank 0 raised", node="h0")
+    why = "node 0 (h0): generation 0 failed"
+    followers = [NodeOutcome(r, A.RESTART, R.PEER_FAILED, why, node=f"h{r}") for r in range(1, 1000)]
+    packed = pack([failed, *followers])
+    assert len(packed) == 2  # 999 nodes that follow one failure: one entry
+    with pytest.raises(ValueError, match="a list"):
+        unpack({"nodes": []})
+    with pytest.raises(ValueError, match="without nodes"):
+        unpack([{"action": "restart"}])
+    with pytest.raises(ValueError, match=r"\[rank, host\]"):
+        unpack([{"action": "restart", "nodes": [3]}])
+
+
+def test_a_large_job_looks_at_the_rendezvous_less_often_per_node() -> None:
+    assert look_every(2, floor=1.0, job_per_second=100.0) == 1.0  # as before: once a second
+    assert look_every(100, floor=1.0, job_per_second=100.0) == 1.0
+    assert look_every(1024, floor=1.0, job_per_second=100.0) == pytest.approx(10.24)  # the job: 100/s

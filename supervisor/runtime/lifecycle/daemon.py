@@ -115,7 +115,7 @@ class Supervisor:
         self.stragglers = Stragglers(self.cfg.stragglers, self.events, self.clock,
                                      generation=lambda: self.monitor.generation, act=self._on_straggler,
                                      share=lambda shared: self.job.share(stragglers=shared),
-                                     nodes=lambda: self.job.nodes())  # noqa: PLW0108  # fmt: skip
+                                     nodes=lambda: self.job.sample())  # noqa: PLW0108  # fmt: skip
         self.monitor = self._make_monitor(sockets)
         self.advice = IntervalAdvice(self.events, self.clock, self.cfg.mtbf)
         self.monitor.on_save, self.monitor.advice = self.advice.saved, self.advice.describe
