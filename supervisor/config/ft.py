@@ -40,13 +40,23 @@ def _timeout(value: object) -> float | None:
     return seconds
 
 
-def _bundle_seconds(value: object) -> float:
+def _finite(value: object) -> float:
     if isinstance(value, bool):
         raise TypeError
-    seconds = float(value)  # type: ignore[arg-type]
-    if not math.isfinite(seconds) or seconds < 0:
+    number = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(number):
         raise ValueError
-    return seconds
+    return number
+
+
+def _at_least(minimum: float) -> Callable[[object], float]:
+    def number(value: object) -> float:
+        n = _finite(value)
+        if n < minimum:
+            raise ValueError
+        return n
+
+    return number
 
 
 def _seconds(value: object) -> float:
@@ -105,15 +115,6 @@ def _positive_count(value: object) -> int:
     return n
 
 
-def _factor(value: object) -> float:
-    if isinstance(value, bool):
-        raise TypeError
-    f = float(value)  # type: ignore[arg-type]
-    if not math.isfinite(f) or f < 1.0:
-        raise ValueError
-    return f
-
-
 def _flag(value: object) -> bool:
     if isinstance(value, bool):
         return value
@@ -163,12 +164,12 @@ KEYS: dict[str, _Key] = {
     ),
     "rank_out_of_section_timeout": _Key(_timeout, "seconds > 0, or none"),
     "num_warmup_iterations": _Key(_count, "an integer >= 0"),
-    "safety_factor": _Key(_factor, "a number >= 1"),
+    "safety_factor": _Key(_at_least(1.0), "a number >= 1"),
     "rank_termination_signal": _Key(_signal, "a signal name such as SIGKILL, or its number"),
     "learn_timeouts": _Key(_flag, "true or false"),
     "learned_timeout_floor": _Key(_seconds, "seconds > 0"),
     "stack_dump_timeout": _Key(_seconds, "seconds > 0"),
-    "bundle_timeout": _Key(_bundle_seconds, "seconds >= 0 (0: Python stacks only)"),
+    "bundle_timeout": _Key(_at_least(0.0), "seconds >= 0 (0: Python stacks only)"),
     # the crash-loop guard (nvidia-resiliency-ext's progress tracker)
     "max_no_progress_cycles": _Key(_integer, "an integer (0 or less: never abort for lack of progress)"),
     "min_progress_iterations": _Key(_positive_count, "an integer >= 1"),

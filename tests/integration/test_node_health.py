@@ -34,6 +34,30 @@ def _node(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+
+def _fail_beside_a_kernel_line(start, tmp_path: Path, line: str, seq: int, *opts: str) -> Daemon:  # type: ignore[no-untyped-def]
+    """Rank 1 exits 3 right after the kernel logged ``line`` while generation 0 ran. The
+    kernel log is a FIFO here (FT_SUPERVISOR_KMSG), one record per write as /dev/kmsg
+    hands them out: a line written to the real /dev/kmsg would reach every test beside."""
+    kmsg = tmp_path / "kmsg"
+    os.mkfifo(kmsg)
+    held = os.open(kmsg, os.O_RDWR | os.O_NONBLOCK)  # the daemon never reads an end of file
+    try:
+        gate = tmp_path / "gate"
+        gate.mkdir()
+        env = {**os.environ, "FT_SUPERVISOR_KMSG": str(kmsg)}
+        d = start("--nproc-per-node", "2", "--preload", "none", "--no-standby", *opts,
+                  "--node-state-dir", str(tmp_path / "node-state"),
+                  GATED, "--fail-in", "0", "--gate", str(gate), env=env)  # fmt: skip
+        d.wait_event("generation_started", 60)
+        micros = int(time.monotonic() * 1e6)
+        os.write(held, f"3,{seq},{micros},-;{line}\n".encode())
+        (gate / "go-0").touch()
+        d.wait(60)
+    finally:
+        os.close(held)
+    return d
+
 def test_a_node_with_hardware_failures_in_past_runs_starts_no_ranks(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     state = tmp_path / "node-state"
     common = ("--nproc-per-node", "1", "--preload", "none", "--no-standby", "--max-restarts", "3",
@@ -93,27 +117,10 @@ def test_a_restart_that_crosses_the_threshold_sends_the_node_away(start, tmp_pat
 def test_an_xid_in_the_kernel_log_during_the_run_decides_the_failure(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """The rank's own exit says nothing (exit 3); the kernel logged Xid 79 (the GPU
     fell off the bus) while it ran: read live, it makes the failure a hardware one
-    (reschedule) and leaves its mark in the ledger. The kernel log is a FIFO here
-    (FT_SUPERVISOR_KMSG), one record per write as /dev/kmsg hands them out: an Xid
-    written to the real /dev/kmsg would reach every test running beside this one."""
-    kmsg = tmp_path / "kmsg"
-    os.mkfifo(kmsg)
-    held = os.open(kmsg, os.O_RDWR | os.O_NONBLOCK)  # the daemon never reads an end of file
-    try:
-        gate = tmp_path / "gate"
-        gate.mkdir()
-        env = {**os.environ, "FT_SUPERVISOR_KMSG": str(kmsg)}
-        d = start("--nproc-per-node", "2", "--preload", "none", "--no-standby", "--max-restarts", "3",
-                  "--node-state-dir", str(tmp_path / "node-state"),
-                  GATED, "--fail-in", "0", "--gate", str(gate), env=env)  # fmt: skip
-        d.wait_event("generation_started", 60)
-        micros = int(time.monotonic() * 1e6)
-        xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
-        os.write(held, f"3,9001,{micros},-;{xid}\n".encode())
-        (gate / "go-0").touch()
-        assert d.wait(60) == RESCHEDULE, d.story()
-    finally:
-        os.close(held)
+    (reschedule) and leaves its mark in the ledger."""
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
+    d = _fail_beside_a_kernel_line(start, tmp_path, xid, 9001, "--max-restarts", "3")
+    assert d.proc.returncode == RESCHEDULE, d.story()
     (decision,) = d.events("decision")
     assert (decision["action"], decision["rule"]) == ("reschedule", "H1"), d.story()
     assert any("Xid" in line for line in decision["lines"])
@@ -127,24 +134,9 @@ def test_the_oom_killer_killing_another_process_is_not_our_ranks_failure(start, 
     other process on the node: that kernel line is not evidence about our rank. It
     used to make the failure P6 (an OOM kill: restarted once, then abort), so a job
     beside ours running out of memory could end ours."""
-    kmsg = tmp_path / "kmsg"
-    os.mkfifo(kmsg)
-    held = os.open(kmsg, os.O_RDWR | os.O_NONBLOCK)
-    try:
-        gate = tmp_path / "gate"
-        gate.mkdir()
-        env = {**os.environ, "FT_SUPERVISOR_KMSG": str(kmsg)}
-        d = start("--nproc-per-node", "2", "--preload", "none", "--no-standby", "--max-restarts", "1",
-                  "--node-state-dir", str(tmp_path / "node-state"),
-                  GATED, "--fail-in", "0", "--gate", str(gate), env=env)  # fmt: skip
-        d.wait_event("generation_started", 60)
-        micros = int(time.monotonic() * 1e6)
-        other = "Out of memory: Killed process 3999999 (java) total-vm:9000kB, anon-rss:8000kB"
-        os.write(held, f"3,9002,{micros},-;{other}\n".encode())
-        (gate / "go-0").touch()
-        assert d.wait(60) == 0, d.story()
-    finally:
-        os.close(held)
+    other = "Out of memory: Killed process 3999999 (java) total-vm:9000kB, anon-rss:8000kB"
+    d = _fail_beside_a_kernel_line(start, tmp_path, other, 9002, "--max-restarts", "1")
+    assert d.proc.returncode == 0, d.story()
     (decision,) = d.events("decision")
     assert decision["action"] == "restart" and decision["rule"] != "P6", d.story()
     assert d.events("kernel_lines") == []
