@@ -22,6 +22,8 @@ from supervisor.transport.endpoints import running_daemons
 
 EXIT_OK = 0
 EXIT_FAILED = 1
+NODE_TABLE_TRIES = 10  # a multi-node status asked again, at most, while its node table is read
+NODE_TABLE_WAIT = 0.2  # seconds between two asks
 
 
 class CtlError(RuntimeError):
@@ -51,6 +53,8 @@ def _main(ns: argparse.Namespace) -> int:
         if ns.command == "events":
             return _events(daemon, ns)
         data = request(daemon, ns.command, ns.timeout)
+        if ns.command == "status":
+            data = _with_node_table(daemon, data, ns.timeout)
     except CtlError as exc:
         print(f"ft-supervisor {ns.command}: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -61,6 +65,19 @@ def _main(ns: argparse.Namespace) -> int:
     else:
         print(f"ft-supervisor {ns.command}: {format_fields(data)}")
     return EXIT_OK
+
+
+def _with_node_table(daemon: dict[str, Any], data: Any, timeout: float) -> Any:
+    """A multi-node daemon reads the job's node table only when asked (each read costs the
+    store two requests a node), in the background: the first answer may come before the
+    table. Ask again, briefly, until it is there."""
+    for _ in range(NODE_TABLE_TRIES):
+        job = data.get("job") if isinstance(data, dict) else None
+        if not isinstance(job, dict) or job.get("nodes"):
+            break
+        time.sleep(NODE_TABLE_WAIT)
+        data = request(daemon, "status", timeout)
+    return data
 
 
 def find_daemon(pid: int | None, run_id: str | None) -> dict[str, Any]:

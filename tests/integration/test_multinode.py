@@ -210,6 +210,11 @@ def test_status_on_any_node_lists_every_node(start: Start, endpoint: str, tmp_pa
     d0 = start(*node(endpoint), FAILS, "--rank", "9")  # nobody fails: every rank waits to be stopped
     d1 = start(*node(endpoint), FAILS, "--rank", "9")
     joined(d0), joined(d1)
+    # the daemon reads the node table only when asked, in the background: the command
+    # asks again until it has it, so the very first status already lists both nodes
+    first = subprocess.run([sys.executable, "-m", "supervisor", "status", "--pid", str(d1.pid), "--json"],
+                           capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    assert len(json.loads(first.stdout)["job"]["nodes"]) == 2, first.stdout
 
     def listing() -> str | None:
         out = subprocess.run(
