@@ -29,11 +29,9 @@ from supervisor.aio import first
 from supervisor.checkpoints.sync import CheckpointSync
 from supervisor.config.run import RunConfig
 from supervisor.coord.job import JobGeneration, JobOver, LocalJob, RendezvousJob
-from supervisor.core.evidence import WorkloadRequest
 from supervisor.core.jobwide import NodeOutcome, PeerNews
-from supervisor.core.kmsg import about
 from supervisor.core.learning import Learned
-from supervisor.core.next_step import GenerationEnd, Route, Settlement, route, settle, without_evidence
+from supervisor.core.next_step import Settlement, settle
 from supervisor.core.states import GroupResult
 from supervisor.core.stragglers import Change
 from supervisor.core.stragglers import decision as straggler_decision
@@ -44,7 +42,7 @@ from supervisor.process.evidence import error_file_time
 from supervisor.process.orphans import OrphanGuard
 from supervisor.process.spawn import RankProcess
 from supervisor.process.tail import LogFollower
-from supervisor.process.terminate import Signaller, TerminationReport
+from supervisor.process.terminate import Signaller
 from supervisor.runtime.clock import Clock
 from supervisor.runtime.lifecycle import closing, hangs, jobwide, signals, status
 from supervisor.runtime.lifecycle.ending import Ender
@@ -54,6 +52,7 @@ from supervisor.runtime.lifecycle.judge import Judge
 from supervisor.runtime.lifecycle.launcher import Launcher
 from supervisor.runtime.lifecycle.monitor import Monitor
 from supervisor.runtime.lifecycle.stragglers import Stragglers
+from supervisor.runtime.lifecycle.verdict import Verdict
 from supervisor.runtime.records import statefile
 from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.records.health import NodeHealth
@@ -71,7 +70,6 @@ EXIT_FAILED = 1  # the daemon's own failure (an internal error)
 EXIT_USAGE = 2
 T = TypeVar("T")
 TAIL_INTERVAL = 0.05
-KERNEL_SLACK = 1.0  # seconds before a generation's start whose kernel lines are its evidence too
 
 
 class Supervisor:
@@ -122,6 +120,9 @@ class Supervisor:
         self.judge = Judge(self.cfg, self.events, self.clock)
         self.health = NodeHealth(self.cfg.health, self.events, self.clock, self.cfg.run_id)
         self.kernel = KernelLog(self.events)
+        self.verdict = Verdict(self.cfg, judge=self.judge, monitor=self.monitor, kernel=self.kernel,
+                               health=self.health, events=self.events, clock=self.clock, logger=self.logger,
+                               rundir=self.rundir)  # fmt: skip
         self.hosting = Hosting(self.cfg, self.events, self.monitor, self.logger, self._signaller)
         self.metrics = start_metrics(self.cfg.metrics, self.events, run_id=self.cfg.run_id,
                                      node=self.judge.node, wall=self.clock.wall)  # fmt: skip
@@ -187,7 +188,7 @@ class Supervisor:
                     tg.create_task(refresh_metrics(self.metrics, self._status)),
                 ]
                 try:
-                    refused = await self._refused_at_start()
+                    refused = await self.verdict.refused_at_start()
                     code = refused if refused is not None else await self._supervise()
                 finally:
                     # watchers of ranks that outlived SIGKILL would wait forever
@@ -326,9 +327,9 @@ class Supervisor:
         if stopping or over is not None:
             await launcher.discard(upcoming)
             return await self._job_over(job_gen, over) if over is not None else self._stopped_code()
-        decision = await self._decide(gen, report, news)
+        decision = await self.verdict.decide(gen, report, news, self._reported)
         if decision is not None:
-            decision = await self._mark_health(decision, gen.number)
+            decision = await self.verdict.mark_health(decision, gen.number)
         own = jobwide.own_outcome(job_gen, decision, self.judge.classification, self.judge.node)
         try:
             outcomes = await self._unless_stopped(job.agree(job_gen, own))
@@ -438,65 +439,6 @@ class Supervisor:
         """A node that joined late takes on the restarts the job already spent."""
         for _ in range(job_gen.restarts_used - self.judge.budget.used):
             self.judge.restarted()
-
-    async def _decide(
-        self, gen: Generation, report: TerminationReport, news: tuple[PeerNews, str] | None
-    ) -> Decision | None:
-        """What follows the generation on this node; None when it simply succeeded."""
-        requests = tuple(
-            WorkloadRequest(r.rank, str(r.action), r.reason)
-            for r in self.monitor.requests
-            if r.action != "continue"
-        )
-        end = GenerationEnd(
-            succeeded=gen.result is GroupResult.SUCCEEDED,
-            failed=gen.result is GroupResult.FAILED,
-            restart_requested=gen.restart_requested,
-            unkillable=report.unkillable,
-            requests=requests,
-            peer_news=None if news is None else news[0],
-            reported=any(self._reported(r) for r in gen.ranks.values()),
-            decided=gen.decided,
-        )
-        way = route(end)
-        if way is Route.SUCCEEDED:
-            return None
-        if way is Route.JUDGE:
-            kernel = self._kernel_lines(gen)
-            if kernel:  # for ft-supervisor classify, which judges the run again
-                self.events.emit("kernel_lines", generation=gen.number, lines=list(kernel), quiet=("lines",))
-            return await self.judge.judge(gen, self.monitor, report.unkillable, requests, dmesg=kernel)
-        detail = "" if news is None else news[1]
-        decision = without_evidence(way, end.peer_news, self.judge.budget, self.clock.monotonic(), detail,
-                                    decided=gen.decided)  # fmt: skip
-        return self.judge.without_evidence(gen.number, decision)
-
-    def _kernel_lines(self, gen: Generation) -> tuple[str, ...]:
-        """The kernel's lines since the generation started that may be about it."""
-        if not gen.started:
-            return ()
-        ranks = gen.ranks.values()
-        cgroups = {str(r.containment.cgroup) for r in ranks if r.containment.cgroup is not None}
-        return about(self.kernel.since(gen.started_at - KERNEL_SLACK), {r.pid for r in ranks}, cgroups)
-
-    async def _refused_at_start(self) -> int | None:
-        """A quarantined node starts no rank of this run: its exit code, or None."""
-        refused = await self.health.at_start()
-        if refused is None:
-            return None
-        self.judge.adopt(refused, 0)
-        self.judge.report(refused, self.logger, self.rundir.root)
-        return self.cfg.policy.exit_codes.of(refused.action)
-
-    async def _mark_health(self, decision: Decision, generation: int) -> Decision:
-        """The node's ledger records a hardware-looking failure; one too many, and a
-        restart becomes this node's leaving (--node-quarantine)."""
-        c = self.judge.classification
-        nature, rule = (None, None) if c is None else (c.nature, c.rule)
-        screened = await self.health.after(decision, nature, rule, generation)
-        if screened is not decision:
-            self.judge.adopt(screened, generation)
-        return screened
 
     def _on_hang(self, hang: Hang) -> None:
         gen = self._current
