@@ -107,7 +107,10 @@ async def test_the_sweep_kills_escapees_without_a_token_and_the_cgroup_goes(
     await asyncio.to_thread(wait_until, lambda: all(f.exists() for f in files), 30, "the escapees")
     pids = [int(f.read_text()) for f in files]
     try:
-        assert all(Path(f"/proc/{p}/environ").read_bytes() == b"" for p in pids)  # no token to find
+        # no token to find, once each has exec'd (it writes its pid file just before: CI
+        # once read the environment it still had)
+        await asyncio.to_thread(wait_until, lambda: all(Path(f"/proc/{p}/environ").read_bytes() == b""
+                                                        for p in pids), 30, "the escapees' exec")  # fmt: skip
         entry = token_entry("tok", 0)
         report = await terminate([r], grace=20, kill_timeout=5, sweep=lambda: sweep_generation(entry, [r]))
         assert report.swept == 2  # the escapees; the rank is not counted

@@ -390,7 +390,8 @@ def test_twenty_consecutive_crash_restart_cycles(start: Start, tmp_path: Path) -
     assert d.wait(60) == 0, d.story()[-3000:]
     assert [e["action"] for e in d.events("decision")] == ["restart"] * 20
     assert [e["generation"] for e in d.events("generation_started")] == list(range(21))
-    assert all(g["standby_ranks"] == 2 for g in d.events("generation_started")[1:])
+    started = [(g["generation"], g["standby_ranks"]) for g in d.events("generation_started")[1:]]
+    assert all(n == 2 for _, n in started), (started, d.story(80))
     assert d.events("run_finished")[0]["restarts_used"] == 20
     settled, last = footprints[1:5], footprints[-5:]
     for key in ("fds", "threads", "processes"):
