@@ -17,7 +17,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -416,12 +416,16 @@ class RendezvousJob:
         except Exception:  # noqa: S110 - status only; the next note retries
             pass
 
+    def _statuses(self, slots: Callable[[int], Iterable[int]]) -> list[dict[str, Any]]:
+        """The published status of the nodes ``slots`` picks among the job's table
+        (two requests each: blocking, so off the loop)."""
+        base = self._rdzv_or_fail().base
+        keys = [f"node/{i}" for i in slots(int(base.add("nodes", 0)))]
+        return [orjson.loads(base.get(k)) for k in keys if base.check([k])]
+
     def _refresh_nodes(self) -> None:
         try:
-            base = self._rdzv_or_fail().base
-            count = int(base.add("nodes", 0))
-            keys = [f"node/{i}" for i in range(count)]
-            nodes = [orjson.loads(base.get(k)) for k in keys if base.check([k])]
+            nodes = self._statuses(range)
             with self._lock:
                 self._nodes, self._nodes_at = nodes, time.monotonic()
         except Exception:  # noqa: S110 - status only; the next status asks again
@@ -444,12 +448,12 @@ class RendezvousJob:
             return list(self._sample)
 
     def _read_sample(self) -> None:
+        def picked(count: int) -> list[int]:
+            others = [i for i in range(count) if i != self._slot]
+            return random.sample(others, min(SAMPLE_NODES, len(others)))  # a sample, not a secret
+
         try:
-            base = self._rdzv_or_fail().base
-            others = [i for i in range(int(base.add("nodes", 0))) if i != self._slot]
-            picked = random.sample(others, min(SAMPLE_NODES, len(others)))  # a sample, not a secret
-            keys = [f"node/{i}" for i in picked]
-            nodes = [orjson.loads(base.get(k)) for k in keys if base.check([k])]
+            nodes = self._statuses(picked)
             with self._lock:
                 self._sample = nodes
         except Exception:  # noqa: S110 - straggler scoring goes on against this node's ranks
