@@ -33,6 +33,7 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
 
 from supervisor.config.rendezvous import RdzvConfig
+from supervisor.coord import keepalive
 
 T = TypeVar("T")
 
@@ -301,6 +302,8 @@ class TorchRendezvous:
                 holder._cache_duration = 0  # type: ignore[union-attr]
             try:
                 info = self._next_rendezvous()
+                if holder is not None:
+                    keepalive.dephase(self._handler)
             finally:
                 _PACE.end_round()
                 if cached is not None:

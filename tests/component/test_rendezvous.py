@@ -157,3 +157,54 @@ def test_patience_rides_out_a_transient_store_error_within_its_bound() -> None:
     impatient = Patience(0.0, sleep=sleep, clock=lambda: now[0])
     with pytest.raises(RendezvousEnded):
         impatient(lambda: (_ for _ in ()).throw(_EtcdLikeError("x")), "get")
+
+
+def test_each_node_keeps_alive_at_its_own_phase_not_all_at_once(
+    endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch starts every node's keep-alive timer when the round completes: the whole job
+    # rewrites the rendezvous state at the same instant each interval, and at 256 nodes
+    # most of those compare-and-sets timed out (scripts/bench/scale.py)
+    import random  # noqa: PLC0415
+
+    from supervisor.coord import keepalive  # noqa: PLC0415
+
+    monkeypatch.setattr(keepalive, "RNG", random.Random(2))  # four phases 0.06 .. 0.96 of 1 s
+    conf = {"is_host": "0", "keep_alive_interval": "1", "last_call_timeout": "1", "join_timeout": "30"}
+    nodes = [
+        torchrdzv.TorchRendezvous(RdzvConfig("c10d", endpoint, "r5", 4, 4, local_addr="127.0.0.1", conf=conf))
+        for _ in range(4)
+    ]
+    beats: list[list[float]] = [[] for _ in nodes]
+    done: list[float] = [0.0] * len(nodes)
+
+    def join(i: int) -> None:
+        node = nodes[i]
+        beat = node._handler._keep_alive
+
+        def noted() -> None:
+            beats[i].append(time.monotonic())
+            beat()
+
+        node._handler._keep_alive = noted  # torch's timer and ours both call it by name
+        node.join(0, free_port())
+        done[i] = time.monotonic()
+
+    threads = [threading.Thread(target=join, args=(i,)) for i in range(len(nodes))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(done), "a node never completed the rendezvous"
+    deadline = time.monotonic() + 10
+    while not all(len(b) >= 2 for b in beats) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(len(b) >= 2 for b in beats), f"some node stopped beating: {beats}"
+    firsts = [b[0] - d for b, d in zip(beats, done, strict=True)]  # after its round completed
+    assert all(0.0 <= f < 1.3 for f in firsts), firsts  # within the interval (and a scheduling slack)
+    assert max(b[0] for b in beats) - min(b[0] for b in beats) > 0.5, firsts  # spread, not a burst
+    assert all(b[1] - b[0] == pytest.approx(1.0, abs=0.3) for b in beats)  # then torch's interval
+    snap = nodes[0].snapshot()
+    assert all(time.time() - snap.heartbeats[who] < 2.5 for who in snap.participants)  # nobody stale
+    for node in nodes:
+        node.close()
