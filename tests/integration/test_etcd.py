@@ -49,9 +49,10 @@ class Member:
             return dict(json.loads(r.read()))
 
     def is_leader(self) -> bool:
+        # A member mid-election may answer with an empty body: not (yet) the leader.
         try:
             return self.get("/v2/stats/self").get("state") == "StateLeader"
-        except OSError:
+        except (OSError, ValueError):
             return False
 
 
