@@ -63,6 +63,7 @@ from supervisor.runtime.services.kernellog import KernelLog
 from supervisor.runtime.services.loopwatch import LoopWatch
 from supervisor.runtime.services.metrics import close_metrics, refresh_metrics, start_metrics
 from supervisor.runtime.services.publisher import Publisher
+from supervisor.runtime.services.reverse_dns import check_reverse_dns
 from supervisor.transport.endpoints import Endpoints, Sockets, bind
 
 EXIT_SUCCESS = 0
@@ -186,6 +187,7 @@ class Supervisor:
                     tg.create_task(self.checkpoints.run()),  # the copy-back, then a sync every period
                     tg.create_task(self.hosting.run(guard.pid)),
                     tg.create_task(refresh_metrics(self.metrics, self._status)),
+                    tg.create_task(self._check_reverse_dns()),
                 ]
                 try:
                     refused = await self.verdict.refused_at_start()
@@ -207,6 +209,12 @@ class Supervisor:
             self._context.term()
             self.endpoints.remove()
         return code
+
+    async def _check_reverse_dns(self) -> None:
+        rdzv = self.cfg.rdzv
+        local_addr = rdzv.local_addr if rdzv else None
+        await check_reverse_dns(self.events, multinode=rdzv is not None, local_addr=local_addr,
+                                clock=self.clock.monotonic)  # fmt: skip
 
     def _make_monitor(self, sockets: Sockets) -> Monitor:
         learned, problem = statefile.load(self._state_path)
