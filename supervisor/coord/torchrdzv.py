@@ -195,8 +195,8 @@ class Listeners:
     a TCPStore client serves one request at a time, and torch's keep-alive and our
     other calls must not queue behind a wait. Each round opens its own, so that a
     wait left over from the last round never queues the next one's, in the
-    background: a slow connect (this machine's sometimes take 5 s) must not hold up
-    the join. etcd's client is HTTP and serves each call on its own: it is shared."""
+    background: a slow connect (the store's host waiting on reverse DNS for the
+    resolver's timeout, 5 s; see services/reverse_dns.py) must not hold up the join. etcd's client is HTTP and serves each call on its own: it is shared."""
 
     def __init__(self, store: PatientStore, open_one: Callable[[], PatientStore] | None) -> None:
         self._ready = threading.Event()
