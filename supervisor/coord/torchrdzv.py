@@ -196,7 +196,8 @@ class Listeners:
     other calls must not queue behind a wait. Each round opens its own, so that a
     wait left over from the last round never queues the next one's, in the
     background: a slow connect (the store's host waiting on reverse DNS for the
-    resolver's timeout, 5 s; see services/reverse_dns.py) must not hold up the join. etcd's client is HTTP and serves each call on its own: it is shared."""
+    resolver's timeout, 5 s; see services/reverse_dns.py) must not hold up the join.
+    etcd's client is HTTP and serves each call on its own: it is shared."""
 
     def __init__(self, store: PatientStore, open_one: Callable[[], PatientStore] | None) -> None:
         self._ready = threading.Event()
