@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.runtime.services.reverse_dns import SLOW, as_store_peer, verdict
+from supervisor.runtime.services.reverse_dns import SLOW, as_store_peer, node_addresses, verdict
 
 
 @pytest.mark.parametrize(
@@ -26,3 +26,9 @@ def test_a_node_address_is_looked_up_as_another_node_s_store_sees_it(address: st
 def test_a_lookup_is_slow_from_a_second_on() -> None:
     assert not verdict("::ffff:10.1.2.3", SLOW - 0.01, "no name")["slow"]
     assert verdict("::ffff:10.1.2.3", SLOW, "no name")["slow"]
+
+
+def test_a_node_given_its_address_is_looked_up_by_it() -> None:
+    """``--local-addr``, as torch's rendezvous advertises it (numeric: no resolver asked)."""
+    assert node_addresses("10.1.2.3") == ["::ffff:10.1.2.3"]
+    assert node_addresses("127.0.0.1") == []  # nobody else connects from there
