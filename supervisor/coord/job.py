@@ -5,19 +5,18 @@ rank, world, master address), ``watch`` the peers while its ranks run,
 ``announce_end`` of its generation, ``agree`` on the round's outcomes, and
 ``finish`` (leave, or close the job). Everything a node publishes lives in the
 rendezvous store under the round's prefix; torch's blocking calls run in
-threads so the event loop never waits on the network.
+threads so the event loop never waits on the network. The job's node table
+(``ft-supervisor status``, straggler medians) is ``nodetable.NodeTable``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -26,6 +25,7 @@ import orjson
 from supervisor.aio import in_thread
 from supervisor.config.rendezvous import RdzvConfig
 from supervisor.coord import rounds as rnd
+from supervisor.coord.nodetable import NodeTable
 from supervisor.core.jobwide import NodeOutcome, PeerNews, look_every, lost, unpack
 from supervisor.core.types import Action, EventSink, Reason
 from supervisor.process.ports import free_port
@@ -42,18 +42,6 @@ T = TypeVar("T")
 # ``wait`` when the key is set, so nodes at rest cost it nothing but their looks.
 STATE_EVERY = 1.0
 JOB_LOOKS = 100.0
-# straggler medians: SAMPLE_NODES other nodes read (2 requests each) every
-# sample_every(N) s, so that the whole job makes at most SAMPLE_BUDGET of these a second
-SAMPLE_NODES = 8
-SAMPLE_BUDGET = 400.0
-SAMPLE_MIN = 1.0
-
-
-def sample_every(nnodes: int) -> float:
-    return max(SAMPLE_MIN, nnodes * 2 * SAMPLE_NODES / SAMPLE_BUDGET)
-
-
-NODES_FRESH = 1.0  # seconds the node table shown by status may be old before it is read again
 GATHER_GRACE = 2.0  # seconds after every outcome is in before any node gathers them itself
 SPARES_NOTICE = 2.5  # seconds nodes waiting in the rendezvous get to see it closed
 EXIT_BARRIER = 5.0  # seconds the last nodes wait for each other before the store host leaves
@@ -139,17 +127,7 @@ class RendezvousJob:
         self._master_port = master_port
         self._events = events
         self._rdzv: TorchRendezvous | None = None
-        self._slot: int | None = None  # this daemon's entry in the job's node table
-        self._status: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
-        self._nodes: list[dict[str, Any]] = []
-        self._nodes_at = float("-inf")
-        self._nodes_reading = False
-        self._unpublished = False  # shared fields the watcher has not published yet
-        self._sample: list[dict[str, Any]] = []  # a few other nodes' status (straggler medians)
-        self._sample_at = float("-inf")
-        self._sampling = False
-        self._nnodes = 1
-        self._lock = threading.Lock()
+        self._table = NodeTable(lambda: self._rdzv_or_fail().base)
 
     # -- the rendezvous ----------------------------------------------------------------
 
@@ -179,11 +157,11 @@ class RendezvousJob:
                 joined = rdzv.join(generation, self._master_port or free_port())
             except RendezvousEnded as exc:
                 raise self._ended(exc.kind, str(exc)) from None
-            self._register()
+            self._table.register()
             return joined, int(rdzv.base.add("restarts", 0))
 
         joined, used = await in_thread(self._guard(join), f"rdzv-join-{generation}")
-        self._nnodes = joined.nnodes
+        self._table.nnodes = joined.nnodes
         self._events.emit(
             "rendezvous_joined",
             generation=generation,
@@ -273,9 +251,7 @@ class RendezvousJob:
             delay = every
             if not joined.listeners.ready() and joined.store.check(["ended"]):
                 return rnd.told(joined.store)  # its connection is still opening: look instead
-            if self._unpublished and self._slot is not None:
-                self._unpublished = False
-                self._publish()
+            self._table.publish_shared()
             snap = self._rdzv_or_fail().snapshot()
             if snap is None:
                 continue
@@ -292,7 +268,7 @@ class RendezvousJob:
     async def announce_end(self, job_gen: JobGeneration, why: str) -> None:
         """Tell the peers, first, that this node's generation is over."""
         joined = _joined(job_gen)
-        detail = f"node {job_gen.node_rank} ({self._status['host']}): {why}"
+        detail = f"node {job_gen.node_rank} ({self._table.host}): {why}"
         await in_thread(self._guard(lambda: rnd.tell(joined, PeerNews.ENDED, detail)), "rdzv-announce")
 
     # -- after the ranks ended -------------------------------------------------------------
@@ -371,7 +347,7 @@ class RendezvousJob:
             if not job_over:
                 rdzv.leave()
                 return
-            why = {"action": str(action), "host": self._status["host"]}
+            why = {"action": str(action), "host": self._table.host}
             rdzv.base.set("closed", orjson.dumps(why).decode())
             rdzv.close()
             snap = rdzv.snapshot()
@@ -387,90 +363,19 @@ class RendezvousJob:
         except Exception as exc:
             self._events.emit("rendezvous_leave_failed", logging.WARNING, error=str(exc))
 
-    # -- the job's node table, for ft-supervisor status ---------------------------------------
+    # -- the job's node table (ft-supervisor status, straggler medians) --------------------
 
     def share(self, **fields: Any) -> None:
-        """Add to this node's published status (straggler medians): the watcher publishes
-        it, off the loop, at its next look at the rendezvous (about a second)."""
-        with self._lock:
-            self._status = {**self._status, **fields}
-            self._unpublished = True
+        self._table.share(**fields)
 
     def note(self, state: str, **fields: Any) -> None:
-        """Record this node's state; published with the next store access."""
-        with self._lock:
-            self._status = {**self._status, "state": state, **fields, "updated": round(time.time(), 3)}
-        if self._slot is not None:
-            self._publish()
-
-    def _register(self) -> None:
-        if self._slot is None:
-            self._slot = int(self._rdzv_or_fail().base.add("nodes", 1)) - 1
-        self._publish()
-
-    def _publish(self) -> None:
-        try:
-            with self._lock:
-                status = dict(self._status)
-            self._rdzv_or_fail().base.set(f"node/{self._slot}", orjson.dumps(status).decode())
-        except Exception:  # noqa: S110 - status only; the next note retries
-            pass
-
-    def _statuses(self, slots: Callable[[int], Iterable[int]]) -> list[dict[str, Any]]:
-        """The published status of the nodes ``slots`` picks among the job's table
-        (two requests each: blocking, so off the loop)."""
-        base = self._rdzv_or_fail().base
-        keys = [f"node/{i}" for i in slots(int(base.add("nodes", 0)))]
-        return [orjson.loads(base.get(k)) for k in keys if base.check([k])]
-
-    def _refresh_nodes(self) -> None:
-        try:
-            nodes = self._statuses(range)
-            with self._lock:
-                self._nodes, self._nodes_at = nodes, time.monotonic()
-        except Exception:  # noqa: S110 - status only; the next status asks again
-            pass
-        finally:
-            with self._lock:
-                self._nodes_reading = False
+        self._table.note(state, **fields)
 
     def sample(self) -> list[dict[str, Any]]:
-        """A few other nodes' published status (their straggler medians), as last read:
-        SAMPLE_NODES of them, picked at random, read again in the background once the
-        last read is older than sample_every(nnodes). Every node reading every other's
-        would cost the store N^2 requests a round; a sample of eight nodes' ranks is
-        enough for the job's typical step time."""
-        with self._lock:
-            stale = time.monotonic() - self._sample_at > sample_every(self._nnodes) and not self._sampling
-            if stale and self._rdzv is not None and self._slot is not None:
-                self._sampling = True
-                threading.Thread(target=self._read_sample, name="rdzv-sample", daemon=True).start()
-            return list(self._sample)
-
-    def _read_sample(self) -> None:
-        def picked(count: int) -> list[int]:
-            others = [i for i in range(count) if i != self._slot]
-            return random.sample(others, min(SAMPLE_NODES, len(others)))  # a sample, not a secret
-
-        try:
-            nodes = self._statuses(picked)
-            with self._lock:
-                self._sample = nodes
-        except Exception:  # noqa: S110 - straggler scoring goes on against this node's ranks
-            pass
-        finally:
-            with self._lock:
-                self._sample_at, self._sampling = time.monotonic(), False
+        return self._table.sample()
 
     def nodes(self) -> list[dict[str, Any]]:
-        """The job's node table as last read. Reading it costs the store two requests
-        a node, so it is read only when someone asks (status), in the background."""
-        with self._lock:
-            stale = time.monotonic() - self._nodes_at > NODES_FRESH and not self._nodes_reading
-            if stale and self._rdzv is not None and self._slot is not None:
-                self._nodes_reading = True
-                threading.Thread(target=self._refresh_nodes, name="rdzv-nodes", daemon=True).start()
-            return list(self._nodes)
+        return self._table.nodes()
 
 
 class _Stopped(Exception):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.coord.nodetable import SAMPLE_BUDGET, SAMPLE_NODES, sample_every
 from tests.support import REPO
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -49,8 +50,6 @@ def test_straggler_medians_are_read_from_a_sample_of_nodes_within_a_job_wide_bud
     """Every node reading every other node's medians would cost N^2 requests a round
     (2 million at 1,024 nodes): a node reads SAMPLE_NODES others, so often that the
     whole job stays within SAMPLE_BUDGET requests a second whatever its size."""
-    from supervisor.coord.job import SAMPLE_BUDGET, SAMPLE_NODES, sample_every  # noqa: PLC0415 - torch
-
     for nnodes in (1, 2, 8, 64, 256, 1024, 4096):
         job_rate = nnodes * 2 * SAMPLE_NODES / sample_every(nnodes)
         assert job_rate <= SAMPLE_BUDGET, nnodes
