@@ -6,8 +6,11 @@ stale): the day torch changes that shape, these tests fail, not a job.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -17,11 +20,28 @@ from tests.support import wait_until
 
 pytestmark = pytest.mark.torch
 torchrdzv = pytest.importorskip("supervisor.coord.torchrdzv")
+Make = Callable[[RdzvConfig], Any]
 
 
 def config(endpoint: str, run_id: str) -> RdzvConfig:
     conf = {"is_host": "0", "keep_alive_interval": "1", "last_call_timeout": "1", "join_timeout": "30"}
     return RdzvConfig("c10d", endpoint, run_id, 2, 2, local_addr="127.0.0.1", conf=conf)
+
+
+@pytest.fixture
+def made() -> Iterator[Make]:
+    """Nodes made for a test leave with it: their keep-alive threads would beat on in
+    this worker, against a store that is gone, into the next tests' output."""
+    nodes: list[Any] = []
+
+    def make(cfg: RdzvConfig) -> Any:
+        nodes.append(torchrdzv.TorchRendezvous(cfg))
+        return nodes[-1]
+
+    yield make
+    for node in nodes:
+        with contextlib.suppress(Exception):
+            node.leave()
 
 
 def join_both(a: object, b: object, generation: int) -> list[object]:
@@ -39,9 +59,9 @@ def join_both(a: object, b: object, generation: int) -> list[object]:
     return results
 
 
-def test_two_nodes_agree_on_the_round_and_the_master(endpoint: str) -> None:
-    a = torchrdzv.TorchRendezvous(config(endpoint, "r1"))
-    b = torchrdzv.TorchRendezvous(config(endpoint, "r1"))
+def test_two_nodes_agree_on_the_round_and_the_master(endpoint: str, made: Make) -> None:
+    a = made(config(endpoint, "r1"))
+    b = made(config(endpoint, "r1"))
     ja, jb = join_both(a, b, 0)
     assert {ja.node_rank, jb.node_rank} == {0, 1} and ja.nnodes == jb.nnodes == 2
     assert ja.members == jb.members and set(ja.members.values()) == {ja.me, jb.me}
@@ -68,12 +88,14 @@ def test_two_nodes_agree_on_the_round_and_the_master(endpoint: str) -> None:
     assert b.snapshot().closed
 
 
-def test_a_node_that_joins_later_takes_the_place_of_one_that_left(endpoint: str) -> None:
-    a = torchrdzv.TorchRendezvous(config(endpoint, "r2"))
-    b = torchrdzv.TorchRendezvous(config(endpoint, "r2"))
+def test_a_node_that_joins_later_takes_the_place_of_one_that_left(
+    endpoint: str, made: Make
+) -> None:
+    a = made(config(endpoint, "r2"))
+    b = made(config(endpoint, "r2"))
     first = join_both(a, b, 0)
     b.leave()
-    c = torchrdzv.TorchRendezvous(config(endpoint, "r2"))
+    c = made(config(endpoint, "r2"))
     ja, jc = join_both(a, c, 1)
     assert ja.round == first[0].round + 1  # type: ignore[attr-defined]
     assert {ja.node_rank, jc.node_rank} == {0, 1}
@@ -91,7 +113,7 @@ def test_an_unreachable_store_is_named() -> None:
 
 
 def test_a_restart_round_looks_at_the_state_often_and_uncached_then_at_torchs_pace(
-    endpoint: str, monkeypatch: pytest.MonkeyPatch
+    endpoint: str, monkeypatch: pytest.MonkeyPatch, made: Make
 ) -> None:
     # torch polls its state once a second and caches it for a second: a restart round of
     # nodes that all decided together waited out both (1.2-1.6 s for 2 nodes, 2.6 s for 4)
@@ -104,8 +126,8 @@ def test_a_restart_round_looks_at_the_state_often_and_uncached_then_at_torchs_pa
     assert dyn._delay is torchrdzv._PACE
     slept: list[float] = []
     monkeypatch.setattr(torchrdzv._PACE, "_sleep", lambda s: (slept.append(s), time.sleep(s)))
-    a = torchrdzv.TorchRendezvous(config(endpoint, "r3"))
-    b = torchrdzv.TorchRendezvous(config(endpoint, "r3"))
+    a = made(config(endpoint, "r3"))
+    b = made(config(endpoint, "r3"))
     join_both(a, b, 0)
     for r in (a, b):  # restarting: leave together, join again
         r.leave()
