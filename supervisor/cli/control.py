@@ -248,6 +248,9 @@ def render_status(s: dict[str, Any]) -> str:
         lines.append(checkpoint_interval.describe(s["checkpoint_interval"]))
     if s.get("dropped"):
         lines.append("dropped messages: " + format_fields(s["dropped"]))
+    for lookup in s.get("reverse_dns_slow") or ():  # every torch store connection waits as long
+        lines.append(f"reverse DNS: {lookup.get('address')} took {lookup.get('seconds')} s "
+                     f"({lookup.get('outcome')})")  # fmt: skip
     if s.get("job"):
         lines += _render_job(s["job"])
     lines.append(f"run dir: {s['run_dir']}")

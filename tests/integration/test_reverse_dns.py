@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -95,6 +96,9 @@ def test_a_resolver_that_never_answers_is_reported_while_the_ranks_start(
     checked = d.wait_event("reverse_dns_checked", 30)[0]
     assert [(r["address"], r["slow"]) for r in checked["lookups"]] == [(LOOPBACK, True)]
     assert "reverse_dns_slow" in d.stderr(), d.stderr()[-2000:]  # on the console, as a warning
+    table = subprocess.run([sys.executable, "-m", "supervisor", "status", "--pid", str(d.pid)],
+                           capture_output=True, text=True, timeout=30, check=True).stdout  # fmt: skip
+    assert f"reverse DNS: {LOOPBACK} took {slow['seconds']} s" in table, table  # and to whoever asks later
     d.signal(signal.SIGTERM)
     assert d.wait() == 128 + signal.SIGTERM
 
@@ -112,5 +116,8 @@ def test_a_named_loopback_is_not_reported_whatever_the_resolver(
         (LOOPBACK, False, "named localhost")
     ], checked
     assert not d.events("reverse_dns_slow")
+    table = subprocess.run([sys.executable, "-m", "supervisor", "status", "--pid", str(d.pid)],
+                           capture_output=True, text=True, timeout=30, check=True).stdout  # fmt: skip
+    assert "reverse DNS" not in table, table
     d.signal(signal.SIGTERM)
     assert d.wait() == 128 + signal.SIGTERM

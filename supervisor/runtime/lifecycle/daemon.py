@@ -99,6 +99,7 @@ class Supervisor:
         self._round: JobGeneration | None = None
         self._started_at = self.clock.monotonic()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._slow_lookups: list[dict[str, Any]] = []  # reverse DNS that would stall torch's stores
         self._state_path = statefile.path_in(config.state_dir)
 
         # the collaborators: built here, inside the running loop (see start.py), in the
@@ -213,8 +214,9 @@ class Supervisor:
     async def _check_reverse_dns(self) -> None:
         rdzv = self.cfg.rdzv
         local_addr = rdzv.local_addr if rdzv else None
-        await check_reverse_dns(self.events, multinode=rdzv is not None, local_addr=local_addr,
-                                clock=self.clock.monotonic)  # fmt: skip
+        lookups = await check_reverse_dns(self.events, multinode=rdzv is not None, local_addr=local_addr,
+                                          clock=self.clock.monotonic)  # fmt: skip
+        self._slow_lookups = [r for r in lookups if r["slow"]]
 
     def _make_monitor(self, sockets: Sockets) -> Monitor:
         learned, problem = statefile.load(self._state_path)
@@ -510,6 +512,7 @@ class Supervisor:
                        "stalled_seconds": round(lw.stalled_total, 3)}  # fmt: skip
         out["standby"] = self._launcher.standby
         out["checkpoint_interval"] = self.advice.describe()
+        out["reverse_dns_slow"] = self._slow_lookups
         return out
 
     def _status_of_ranks(self) -> dict[str, Any]:
