@@ -1,5 +1,9 @@
 """A small real training run: DDP over gloo on CPU, with snapshot save and resume.
 
+``--device cuda`` puts the model and batches on the rank's GPU (LOCAL_RANK, modulo
+the GPUs it sees: several ranks may share one); ``--backend nccl`` all-reduces with
+NCCL, which needs a GPU per rank (gloo all-reduces CUDA tensors too).
+
 Runs unchanged under ``torchrun`` and ``ft-supervisor run``. As in the OSMO
 rescheduling guide (seed 000), the script can start from scratch or resume from
 its last snapshot, so a restarted generation picks up where the last one
@@ -61,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--crash-mode", choices=["raise", "exit", "abort", "segv"], default="raise")
     p.add_argument("--heartbeat", action="store_true", help="a heartbeat every step (hang detection)")
     p.add_argument("--events", type=Path, default=None, help="append milestones as JSON lines")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     return p.parse_args(argv)
 
 
@@ -70,16 +76,21 @@ class Trainer:
         self.rank = dist.get_rank()
         self.generation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         torch.manual_seed(0)
-        self.model = DistributedDataParallel(
-            torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-        )
+        self.device = torch.device("cpu")
+        if args.device == "cuda":
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            self.device = torch.device("cuda", local % torch.cuda.device_count())
+            torch.cuda.set_device(self.device)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        self.model = DistributedDataParallel(model.to(self.device))
+        self.step_times: list[float] = []  # wall time of each step, for the crash milestone
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
         self.steps_run = 0
         if args.snapshot is not None and args.snapshot.exists():
             self._load_snapshot(args.snapshot)
 
     def _load_snapshot(self, path: Path) -> None:
-        snapshot = torch.load(path, map_location="cpu")
+        snapshot = torch.load(path, map_location=self.device)
         self.model.module.load_state_dict(snapshot["MODEL_STATE"])
         self.optimizer.load_state_dict(snapshot["OPTIMIZER_STATE"])
         self.steps_run = snapshot["STEPS_RUN"]
@@ -101,7 +112,7 @@ class Trainer:
     def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(step * 1000 + self.rank)
         x = torch.randn(64, 16, generator=g)
-        return x, x.sum(dim=1, keepdim=True) * 0.1
+        return x.to(self.device), (x.sum(dim=1, keepdim=True) * 0.1).to(self.device)
 
     def _milestone(self, what: str, **fields: object) -> None:
         if self.args.events is None:
@@ -119,7 +130,8 @@ class Trainer:
         if self.generation not in a.crash_generations:
             return
         print(f"injecting a fault at step {step} ({a.crash_mode})", flush=True)
-        self._milestone("crash", step=step)
+        times = sorted(self.step_times)
+        self._milestone("crash", step=step, step_s=times[len(times) // 2] if times else None)
         if a.crash_mode == "exit":
             os._exit(13)
         if a.crash_mode == "abort":
@@ -133,12 +145,16 @@ class Trainer:
         first = True
         for step in range(self.steps_run, self.args.steps):
             self._maybe_crash(step)
+            began = time.monotonic()
             x, y = self._batch(step)
             self.optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(self.model(x), y)
             loss.backward()
             self.optimizer.step()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()  # the step's GPU work counts in its time
             time.sleep(self.args.step_time)
+            self.step_times.append(time.monotonic() - began)
             self.steps_run = step + 1
             if SUPERVISED:
                 client.report_iteration(self.steps_run)
@@ -167,7 +183,7 @@ class Trainer:
 @record
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    dist.init_process_group("gloo")
+    dist.init_process_group(args.backend)
     try:
         trainer = Trainer(args)
         loss = trainer.train()

@@ -24,6 +24,15 @@ from the snapshot and trains ``--steps-after`` more steps. Variants:
   pre-started ("standby") and import torch while the current one trains;
 * ``ft-cold``: ``ft-supervisor run --no-standby``: a cold restart like torchrun's,
   which shows how much of the gain the standby ranks bring.
+* ``ft-cuda-warm`` (with ``--device cuda``): ``ft`` whose standby ranks also create
+  their CUDA context and cuBLAS handle before their go (``--preload`` adds
+  ``scripts/_cuda_context.py``): what that saves, and the GPU memory it holds.
+
+On a GPU (``--device cuda``) the ranks put the model and batches on the GPU
+(``--nproc`` ranks may share one) and all-reduce with ``--backend`` (gloo or nccl,
+which wants a GPU per rank); the table gains the peak GPU memory of the node (NVML,
+sampled with the tree) and the GPU memory in use at the crash, which is what the
+standby ranks hold then.
 
 The variants are interleaved run by run (torchrun, ft, ft-cold, torchrun, ...) so
 that a busy moment of the machine hurts all of them alike. Every run gets its own
@@ -74,6 +83,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import re
@@ -102,7 +112,9 @@ LEFTOVER_GRACE = 3.0  # seconds a launcher's helpers may take to go after it exi
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PR_SET_CHILD_SUBREAPER = 36
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-VARIANT_NAMES = ("torchrun", "torchrun-noshare", "ft", "ft-cold")
+VARIANT_NAMES = ("torchrun", "torchrun-noshare", "ft", "ft-cold", "ft-cuda-warm")
+# ft-cuda-warm: what the daemon preloads by default, and the module that makes the CUDA context
+CUDA_WARM_PRELOAD = "torch,torch.distributed,torch.nn.parallel,torch._dynamo,_cuda_context"
 TORCHRUNS = ("torchrun", "torchrun-noshare")
 # torchrun's agent shares its rendezvous TCP store with the ranks; a generation that
 # starts while the last one's store port is still held fails to connect (gloo's
@@ -113,6 +125,7 @@ LABELS = {
     "torchrun-noshare": "torchrun (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)",
     "ft": "ft-supervisor",
     "ft-cold": "ft-supervisor --no-standby",
+    "ft-cuda-warm": "ft-supervisor, standbys make the CUDA context",
 }
 
 
@@ -228,9 +241,11 @@ class Usage:
 class LauncherWatch:
     """Samples a launcher until it exits; stops it and all it started when asked."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], gpu: Any = None) -> None:
         self.proc = proc
         self.usage = Usage()
+        self.gpu = gpu  # an NVML device handle (--device cuda), else None
+        self.gpu_samples: list[tuple[float, int]] = []  # (wall time, bytes in use on the GPU)
 
     def sample(self) -> None:
         kb = read_status_kb(self.proc.pid, "VmHWM")
@@ -251,6 +266,10 @@ class LauncherWatch:
         # PSS, not RSS: the ranks share torch's pages; RSS would count them once per rank
         live = [pid for pid in [self.proc.pid, *tree] if pid in table and table[pid].state != "Z"]
         self.usage.tree_pss_kb = max(self.usage.tree_pss_kb, sum(pss_kb(pid) for pid in live))
+        if self.gpu is not None:
+            import pynvml  # noqa: PLC0415 - only with --device cuda (nvidia-ml-py)
+
+            self.gpu_samples.append((time.time(), int(pynvml.nvmlDeviceGetMemoryInfo(self.gpu).used)))
 
     def wait(self, timeout: float) -> bool:
         """Sample until the launcher exits (True) or ``timeout`` passes (False)."""
@@ -357,6 +376,9 @@ class Settings:
     out: Path
     bin_dir: Path
     hogs: int = 0
+    device: str = "cpu"
+    backend: str = "gloo"
+    nproc: int = NPROC
 
 
 def train_args(s: Settings, run_dir: Path) -> list[str]:
@@ -370,13 +392,15 @@ def train_args(s: Settings, run_dir: Path) -> list[str]:
         "--crash-generations", "0",
         "--crash-mode", s.crash_mode,
         "--events", str(run_dir / "events.jsonl"),
+        "--device", s.device,
+        "--backend", s.backend,
     ]  # fmt: skip
 
 
 def launcher_argv(variant: str, s: Settings, run_dir: Path) -> list[str]:
     # No --master-port: both launchers then pick a free port themselves.
     common = [
-        "--nproc-per-node", str(NPROC),
+        "--nproc-per-node", str(s.nproc),
         "--max-restarts", "1",
         "--rdzv-id", f"bench-{variant}-{uuid.uuid4().hex[:8]}",
         "--log-dir", str(run_dir / "logs"),
@@ -384,8 +408,18 @@ def launcher_argv(variant: str, s: Settings, run_dir: Path) -> list[str]:
     if variant in TORCHRUNS:
         # torchrun's single-node default replaces the rdzv id with a fresh uuid
         return [str(s.bin_dir / "torchrun"), *common, *train_args(s, run_dir)]
-    extra = ["--no-standby"] if variant == "ft-cold" else []
+    extra = {"ft-cold": ["--no-standby"], "ft-cuda-warm": ["--preload", CUDA_WARM_PRELOAD]}.get(variant, [])
     return [str(s.bin_dir / "ft-supervisor"), "run", *common, *extra, *train_args(s, run_dir)]
+
+
+@functools.cache
+def gpu_handle() -> Any:
+    """NVML's handle of the GPU the ranks use (the first one they see)."""
+    import pynvml  # noqa: PLC0415 - only with --device cuda (nvidia-ml-py)
+
+    pynvml.nvmlInit()
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    return pynvml.nvmlDeviceGetHandleByIndex(int(first) if first.isdigit() else 0)
 
 
 # -- what a run left behind ----------------------------------------------------------
@@ -413,6 +447,9 @@ class RunResult:
     leftovers: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     launched_at: float | None = None  # wall clock, as the ranks' milestones
+    step_s: float | None = None  # generation 0's median step time on the crashing rank
+    gpu_peak_mb: float | None = None  # --device cuda: the GPU's memory in use, at its peak
+    gpu_at_crash_mb: float | None = None  # ... at the last sample before the crash
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -466,18 +503,21 @@ def analyse(r: RunResult, run_dir: Path, s: Settings) -> None:
     first = milestones(events, "first_step", 1)
     first0 = milestones(events, "first_step", 0)
     done = milestones(events, "done", 1)
-    if len(first0) == NPROC and r.launched_at is not None:
+    nproc = s.nproc
+    step = [e.get("step_s") for e in events if e["event"] == "crash" and e["generation"] == 0]
+    r.step_s = step[0] if step else None
+    if len(first0) == nproc and r.launched_at is not None:
         r.startup_s = max(first0.values()) - r.launched_at
     output = (run_dir / "launcher.out").read_text(errors="replace")
-    if crash is not None and len(first) == NPROC:
+    if crash is not None and len(first) == nproc:
         r.restart_s = max(first.values()) - crash
-    r.ok = len(done) == NPROC and r.exit_code == 0 and r.restart_s is not None
+    r.ok = len(done) == nproc and r.exit_code == 0 and r.restart_s is not None
     if not r.ok:
         r.failure = (
             f"timed out after {s.timeout:.0f} s"
             if r.timed_out
             else error_message(run_dir)
-            or (f"generation 1 finished on {len(done)}/{NPROC} ranks" if r.exit_code == 0 else None)
+            or (f"generation 1 finished on {len(done)}/{nproc} ranks" if r.exit_code == 0 else None)
             or f"exit {r.exit_code}: {last_line(output)}"
         )
     if r.variant in TORCHRUNS:
@@ -523,7 +563,7 @@ def run_once(variant: str, index: int, s: Settings) -> RunResult:
             start_new_session=True,
             env={**os.environ, **(NOSHARE_ENV if r.variant == "torchrun-noshare" else {})},
         )  # fmt: skip
-    watch = LauncherWatch(proc)
+    watch = LauncherWatch(proc, gpu_handle() if s.device == "cuda" else None)
     try:
         r.timed_out = not watch.wait(s.timeout)
     finally:
@@ -538,6 +578,11 @@ def run_once(variant: str, index: int, s: Settings) -> RunResult:
     r.helper_rss_kb = sum(watch.usage.helper_hwm_kb.values())
     r.tree_pss_kb = watch.usage.tree_pss_kb
     analyse(r, run_dir, s)
+    if watch.gpu_samples:
+        r.gpu_peak_mb = max(b for _, b in watch.gpu_samples) / 2**20
+        crash = milestones(read_jsonl(run_dir / "events.jsonl"), "crash", 0).get(CRASH_RANK)
+        before = [b for t, b in watch.gpu_samples if crash is not None and t <= crash]
+        r.gpu_at_crash_mb = before[-1] / 2**20 if before else None
     return r
 
 
@@ -563,7 +608,7 @@ def restart_median(rs: list[RunResult]) -> float | None:
     return median(r.restart_s for r in rs if r.ok)
 
 
-def row(label: str, rs: list[RunResult], ref: float | None) -> str:
+def row(label: str, rs: list[RunResult], ref: float | None, gpu: bool = False) -> str:
     times = [r.restart_s for r in rs if r.ok and r.restart_s is not None]
     med = median(times)
     span = f"{fmt(med)} ({fmt(min(times))}-{fmt(max(times))})" if times else "n/a"
@@ -580,21 +625,30 @@ def row(label: str, rs: list[RunResult], ref: float | None) -> str:
         f"| {fmt(None if rss is None else rss / 1024, 1)} "
         f"| {fmt(median(r.cpu_s for r in use))} "
         f"| {fmt(median(r.helper_rss_kb / 1024 for r in use), 1)} "
-        f"| {fmt(median(r.tree_pss_kb / 1024 for r in use), 0)} |"
+        f"| {fmt(median(r.tree_pss_kb / 1024 for r in use), 0)} |" + (gpu_cells(use) if gpu else "")
     )
 
 
-def table(results: list[RunResult], variants: Iterable[str]) -> str:
+def gpu_cells(use: list[RunResult]) -> str:
+    step = median(r.step_s for r in use)
+    return (
+        f" {fmt(median(r.gpu_peak_mb for r in use), 0)} | {fmt(median(r.gpu_at_crash_mb for r in use), 0)} "
+        f"| {fmt(None if step is None else step * 1000, 1)} |"
+    )
+
+
+def table(results: list[RunResult], variants: Iterable[str], gpu: bool = False) -> str:
     by = {v: [r for r in results if r.variant == v] for v in variants}
     # the torchrun that restarts: the default one fails on this machine (see NOSHARE_ENV)
     ref = restart_median(by.get("torchrun", [])) or restart_median(by.get("torchrun-noshare", []))
     rows = [
         "| launcher | restarts ok | restart time median (min-max) s | ratio vs torchrun "
         "| slowest vs torchrun | start -> stepping s | crash -> noticed s | launcher peak RSS MiB "
-        "| launcher CPU s | helper procs RSS MiB | whole tree peak PSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| launcher CPU s | helper procs RSS MiB | whole tree peak PSS MiB |"
+        + (" GPU memory peak MiB | GPU memory at the crash MiB | generation 0 step ms |" if gpu else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if gpu else ""),
     ]
-    rows.extend(row(LABELS[v], rs, ref) for v, rs in by.items() if rs)
+    rows.extend(row(LABELS[v], rs, ref, gpu) for v, rs in by.items() if rs)
     return "\n".join(rows)
 
 
@@ -655,11 +709,11 @@ def cross_check(results: list[RunResult]) -> list[str]:
 
 
 def report(results: list[RunResult], s: Settings) -> None:
-    print(table(results, s.variants))
+    print(table(results, s.variants, gpu=s.device == "cuda"))
     print()
     print(
-        f"{NPROC} ranks; rank {CRASH_RANK} crashes ({s.crash_mode}) at step {s.crash_at_step} "
-        "of generation 0; "
+        f"{s.nproc} ranks ({s.device}, {s.backend}); rank {CRASH_RANK} crashes ({s.crash_mode}) "
+        f"at step {s.crash_at_step} of generation 0; "
         f"{s.step_time * 1000:.0f} ms steps, {s.steps_after} steps after the restart.\n"
         + (f"{s.hogs} busy processes (one core each) ran beside every run.\n" if s.hogs else "")
         + "Restart time: crash -> last rank's first step of generation 1, successful runs only. "
@@ -698,6 +752,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds before a run is killed")
     p.add_argument("--out", type=Path, default=None, help="artifact directory (default: a fresh tempdir)")
     p.add_argument("--hogs", type=int, default=0, help="busy processes (one core each) beside the runs")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the ranks train")
+    p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo", help="the ranks' process group")
+    p.add_argument("--nproc", type=int, default=NPROC, help=f"ranks (default {NPROC})")
     p.add_argument(
         "--bin-dir",
         type=Path,
@@ -709,6 +766,10 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     unknown = [v for v in variants if v not in VARIANT_NAMES]
     if unknown or not variants:
         p.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANT_NAMES)}")
+    if "ft-cuda-warm" in variants and a.device != "cuda":
+        p.error("--variants ft-cuda-warm: only with --device cuda")
+    if a.nproc < 2:
+        p.error("--nproc must be at least 2 (rank 1 crashes)")
     for tool in {"torchrun" if v in TORCHRUNS else "ft-supervisor" for v in variants}:
         if not (a.bin_dir / tool).exists():
             p.error(
@@ -724,7 +785,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     steps_after = a.steps_after if a.steps_after is not None else 10 if a.quick else 40
     return Settings(
         runs, variants, a.crash_at_step, steps_after, a.step_time, a.crash_mode, a.timeout, out.resolve(),
-        a.bin_dir, max(0, a.hogs),
+        a.bin_dir, max(0, a.hogs), a.device, a.backend, a.nproc,
     )  # fmt: skip
 
 
