@@ -17,7 +17,20 @@ KEYWORDS = (
     "quota", "preempt", "time limit", "nan", "signal ", "ncclinvalid", "status=", "fallen off",
     "address already in use", "eaddrinuse", "exitcode", "by peer", "closed by", "broken pipe",
     "corrupt", "double free", "tcache", "free(): ", "malloc(): ", "interrupt", "cancelled",
+    "process down",
 )  # fmt: skip
+
+
+# What torch prints as it takes a rank down on its own: the NCCL watchdog's timeout
+# and its death (with TORCH_NCCL_ASYNC_ERROR_HANDLING, which the daemon sets, the
+# process goes next). A rank that said so and is still there is failing like one whose
+# error file is written: its teardown is stuck (captured on an H200, the abort waited
+# on a GPU kernel for as long as the kernel ran). Lower case, as ``is_notable`` reads.
+GOING_DOWN = (
+    "watchdog caught collective operation timeout",
+    "we are taking the entire process down",
+    "watchdog thread terminated with exception",
+)
 
 
 def is_notable(line: str) -> bool:
@@ -46,3 +59,9 @@ def notable_lines(text: str, keywords: tuple[str, ...] = KEYWORDS) -> list[str]:
         end = text.find("\n", start)
         out.append(text[start : end if end >= 0 else len(text)])
     return out
+
+
+def says_going_down(line: str) -> bool:
+    """Does the line announce that torch is taking the process down (``GOING_DOWN``)?"""
+    low = line.lower()
+    return any(k in low for k in GOING_DOWN)

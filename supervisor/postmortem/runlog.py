@@ -46,7 +46,7 @@ class GenerationLog:
     job_decision: Event | None = None
     multi: bool = False  # a rendezvous round: several nodes
     dmesg: tuple[str, ...] = ()  # the kernel's lines the daemon judged with
-    reported: dict[int, float] = field(default_factory=dict)  # rank -> when its client reported its exception
+    reported: dict[int, float] = field(default_factory=dict)  # rank -> when it first reported its failure
 
     def local(self, rank: int) -> int:
         return self.local_of.get(rank, rank)
@@ -158,7 +158,7 @@ def _generation_event(run: RunLog, g: GenerationLog, name: str, e: Event) -> Non
         run.decisions.append(e)
     elif name == "job_decision":
         g.job_decision = e
-    elif name == "exception_reported" and _int(e.get("rank")) is not None:
+    elif name in ("exception_reported", "rank_failure_reported") and _int(e.get("rank")) is not None:
         g.reported.setdefault(int(e["rank"]), float(e.get("t_wall") or 0.0))
     elif name == "kernel_lines" and isinstance(e.get("lines"), list):
         g.dmesg = tuple(str(line) for line in e["lines"][:KERNEL_LINES])

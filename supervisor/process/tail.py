@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from supervisor.core.notable import notable_lines
+from supervisor.core.notable import notable_lines, says_going_down
 from supervisor.log import Console
 
 MAX_LINE = 64 * 1024  # a line longer than this is printed in pieces
@@ -39,11 +39,15 @@ class Notable:
     latest: deque[str] = field(default_factory=lambda: deque(maxlen=NOTABLE_LINES * 3 // 4))
     after_exit: deque[str] = field(default_factory=lambda: deque(maxlen=NOTABLE_LINES // 4))
     exited: bool = False
+    going_down: str | None = None  # the first line in which torch said it takes the rank down
 
     def add(self, line: str) -> None:
         if self.exited:
             self.after_exit.append(line)
-        elif len(self.first) < NOTABLE_LINES // 4:
+            return
+        if self.going_down is None and says_going_down(line):
+            self.going_down = line
+        if len(self.first) < NOTABLE_LINES // 4:
             self.first.append(line)
         else:
             self.latest.append(line)
@@ -114,6 +118,11 @@ class LogFollower:
         notable = self.notable[rank]
         for line in notable_lines(b"\n".join(lines).decode(errors="replace")):
             notable.add(line[:NOTABLE_LINE_MAX])
+
+    def going_down(self, rank: int) -> str | None:
+        """The line in which torch said it takes ``rank`` down, if it said so this generation."""
+        notable = self.notable.get(rank)
+        return None if notable is None else notable.going_down
 
     def finish(self) -> dict[int, tuple[str, ...]]:
         """Copy what is left, including an unterminated last line, and stop.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from tests.support import RANKS, Daemon
 
 FAILS = str(RANKS / "fails.py")
+FAILURES = RANKS.parent / "failures"  # the golden corpus
 FAST = ("--nproc-per-node", "2", "--preload", "none")
 Start = Callable[..., Daemon]
 WATCHDOG = (
@@ -198,3 +200,26 @@ def test_a_rank_that_failed_but_cannot_exit_is_ended_after_the_grace(start: Star
     # its error file makes it the root cause, though we killed it
     assert _decisions(d) == [("restart", "P9")]
     assert "RuntimeError: teardown hangs" in d.events("decision")[0]["detail"]
+
+
+def test_a_rank_whose_nccl_watchdog_said_it_goes_down_but_stays_is_ended_after_a_grace(start: Start) -> None:
+    """Captured on an H200: the NCCL watchdog timed a collective out and said it would
+    take the process down, and 50 s later the process was still there (its abort waited
+    for a GPU kernel). No error file, no exception report, no heartbeat timeout set: only
+    the log says it. The rank replays that log and stays; the daemon counts the line as
+    the rank's failure report, ends it after --exit-grace and judges N1 (no restarts
+    left: the node goes elsewhere); ``classify`` reads the run the same way."""
+    captured = FAILURES / "n1_watchdog_timeout_captured_h200.log"
+    d = start(*FAST, "--max-restarts", "0", "--exit-grace", "1", FAILS, "--say-file", str(captured),
+              "--stuck-at-exit")  # fmt: skip
+    assert d.wait(60) == 200, d.story()
+    (reported,) = d.events("rank_failure_reported")
+    assert reported["rank"] == 1 and "Watchdog caught collective operation timeout" in reported["how"]
+    assert d.events("rank_exit_stuck")[0]["rank"] == 1
+    assert _decisions(d) == [("reschedule", "N1")]
+    run_dir = d.run_dir()
+    assert run_dir is not None
+    offline = subprocess.run([sys.executable, "-m", "supervisor", "classify", "--json", str(run_dir)],
+                             capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    c = json.loads(offline.stdout)["classification"]
+    assert (c["rule"], c["rank"]) == ("N1", 1), c

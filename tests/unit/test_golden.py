@@ -13,7 +13,7 @@ import pytest
 from plugins.rules import rule_set
 from supervisor.core.classify import UNCLASSIFIED, classify
 from supervisor.core.evidence import Evidence
-from supervisor.core.notable import is_notable
+from supervisor.core.notable import GOING_DOWN, is_notable, says_going_down
 from supervisor.core.policy import Budget, History, decide
 from supervisor.core.rules import strip_prefix
 from supervisor.core.types import ExitStatus, RankExit, RankFailure
@@ -77,3 +77,15 @@ def test_every_line_a_builtin_rule_matches_passes_the_keyword_prefilter() -> Non
             if hits and not is_notable(line):
                 missed.append((case["file"], hits, line))
     assert not missed, missed
+
+
+def test_only_torch_s_own_teardown_lines_say_a_rank_is_going_down() -> None:
+    """A rank that says it goes down and stays is ended after --exit-grace: only the lines
+    torch prints as it takes the process down may say so, and the live scanner keeps them."""
+    logs = {c["file"]: (HERE / c["file"]).read_text(errors="replace") for c in CASES if c["scope"] != "dmesg"}
+    said = {name for name, text in logs.items() if any(map(says_going_down, text.splitlines()))}
+    assert "n1_watchdog_timeout_captured_h200.log" in said
+    # every case that says so went through NCCL's watchdog; no Python, gloo or plain CUDA failure does
+    nccl = {c["file"] for c in CASES if any(r.startswith("N") for r in (c["rule"], *c.get("wrapped_by", [])))}
+    assert said <= nccl, sorted(said - nccl)
+    assert all(is_notable(phrase) for phrase in GOING_DOWN)

@@ -108,8 +108,10 @@ async def failures(
         files = gen.ranks[lr].files
         found = await failure_evidence(exit, files, gen.exit_offsets.get(lr, {}).get(files.stderr))
         hang, hang_at = gen.hangs.get(lr, (None, None))
-        reported = monitor.exception_at.get(exit.rank)
-        first = reported is not None and (gen.stop_mono is None or reported < gen.stop_mono)
+        # its client's exception report, or any report the daemon noticed while it ran
+        # (an error file, torch saying in its log that it takes the process down)
+        said = [t for t in (monitor.exception_at.get(exit.rank), gen.reported.get(lr)) if t is not None]
+        first = bool(said) and (gen.stop_mono is None or min(said) < gen.stop_mono)
         part = part_of(state, exit_code=exit.status.code, error_at=found.error_at, stop_wall=gen.stop_wall,
                        hung=hang is not None, reported_first=first)  # fmt: skip
         if part is None or part is Part.BYSTANDER:

@@ -454,7 +454,7 @@ class Supervisor:
         gen = self._current
         if gen is None or not gen.started or gen.ended.is_set():
             return
-        failing = gen.failing() or any(self._reported(r) for r in gen.ranks.values())
+        failing = gen.failing() or any(self._reported(r) is not None for r in gen.ranks.values())
         hangs.deadline_missed(gen, hang, failing=failing, clock=self.clock, events=self.events)
 
     def _on_straggler(self, change: Change) -> None:
@@ -542,8 +542,14 @@ class Supervisor:
         if gen is not None:
             gen.check_exits(self.cfg.exit_grace, self._reported)
 
-    def _reported(self, rank: RankProcess) -> bool:
-        return rank.slot.rank in self.monitor.exceptions or error_file_time(rank.files.error_file) is not None
+    def _reported(self, rank: RankProcess) -> str | None:
+        """How the live ``rank`` said it failed, if it did."""
+        if rank.slot.rank in self.monitor.exceptions:
+            return "exception report"
+        if error_file_time(rank.files.error_file) is not None:
+            return "error file"
+        said = self._follower.going_down(rank.slot.rank)
+        return None if said is None else f"its log: {said[:400]}"
 
     def _group(self) -> asyncio.TaskGroup:
         assert self._tg is not None, "run() first"

@@ -106,10 +106,12 @@ class Generation:
         times += [e.at for lr, e in self.exits.items() if self.ranks[lr].state is RankState.FAILED]
         return min(times)
 
-    def check_exits(self, grace: float, reported: Callable[[RankProcess], bool]) -> None:
-        """A rank that reported its failure (its torchelastic error file, or its client's
-        exception report) must exit soon; one that does not (a gloo or NCCL teardown
-        blocked on a peer, a stuck atexit handler) ends the generation after ``grace`` s."""
+    def check_exits(self, grace: float, reported: Callable[[RankProcess], str | None]) -> None:
+        """A rank that reported its failure (its torchelastic error file, its client's
+        exception report, or torch saying in its log that it takes the process down:
+        ``reported`` says how, or None) must exit soon; one that does not (a gloo or
+        NCCL teardown blocked on a peer or on the GPU, a stuck atexit handler) ends the
+        generation after ``grace`` s."""
         if not self.started or self.ended.is_set():
             return
         now = self._clock.monotonic()
@@ -118,10 +120,11 @@ class Generation:
                 continue
             seen = self.reported.get(lr)
             if seen is None:
-                if reported(rank):
+                how = reported(rank)
+                if how is not None:
                     self.reported[lr] = now
-                    self._events.emit("rank_failure_reported", generation=self.number,
-                                      rank=rank.slot.rank, pid=rank.pid, exit_grace=grace)  # fmt: skip
+                    self._events.emit("rank_failure_reported", generation=self.number, rank=rank.slot.rank,
+                                      pid=rank.pid, exit_grace=grace, how=how)  # fmt: skip
             elif now - seen >= grace:
                 self._events.emit("rank_exit_stuck", logging.WARNING, generation=self.number,
                                   rank=rank.slot.rank, pid=rank.pid, waited=round(now - seen, 3))  # fmt: skip

@@ -41,7 +41,7 @@ class Verdict:
 
     async def decide(
         self, gen: Generation, report: TerminationReport, news: tuple[PeerNews, str] | None,
-        reported: Callable[[RankProcess], bool],
+        reported: Callable[[RankProcess], str | None],
     ) -> Decision | None:  # fmt: skip
         """What follows the generation on this node; None when it simply succeeded.
         ``reported``: whether a rank reported its failure while alive."""
@@ -57,7 +57,7 @@ class Verdict:
             unkillable=report.unkillable,
             requests=requests,
             peer_news=None if news is None else news[0],
-            reported=any(reported(r) for r in gen.ranks.values()),
+            reported=any(reported(r) is not None for r in gen.ranks.values()),
             decided=gen.decided,
         )
         way = route(end)
