@@ -34,6 +34,12 @@ NATIVE_MAX = 512 * 1024  # bytes of py-spy output kept per rank
 PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
 DUMP_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+# torch >= 2.8's names for the last two: they win over the old ones where both are set,
+# so a user's setting under either name stands. The daemon sets the old ones, which every
+# torch reads (2.11 with a deprecation warning: seen on an H200, where the dump came
+# where the daemon asked)
+NEW_DUMP_ENV = "TORCH_FR_DUMP_TEMP_FILE"
+NEW_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 FLIGHT_RECORDER = frozenset({PIPE_ENV, DUMP_ENV, BUFFER_ENV})  # what the daemon adds to torchrun's
 BUFFER_ENTRIES = "2000"  # torch's own default where it records at all
 SETTLED = 0.2  # a dump is complete once its size has not changed for this long
@@ -118,7 +124,9 @@ def flight_recorder_env(environ: Mapping[str, str], generation_dir: Path) -> dic
         PIPE_ENV: str(generation_dir / "nccl_pipe_rank_"),
         DUMP_ENV: str(generation_dir / "nccl_trace_rank_"),
     }
-    return {k: v for k, v in wanted.items() if k not in environ}
+    users = {k for k in wanted if k in environ}
+    users |= {old for old, new in ((DUMP_ENV, NEW_DUMP_ENV), (BUFFER_ENV, NEW_BUFFER_ENV)) if new in environ}
+    return {k: v for k, v in wanted.items() if k not in users}
 
 
 def _ask_dump(pipe: Path) -> str | None:
@@ -145,7 +153,7 @@ async def flight_recorder(
 ) -> tuple[Path | None, str | None]:
     """Ask rank ``rank``'s watchdog for its Flight Recorder dump and wait (within
     ``timeout``) until it is written: (the dump's path, None) or (None, why not)."""
-    pipe_stem, dump_stem = env.get(PIPE_ENV), env.get(DUMP_ENV)
+    pipe_stem, dump_stem = env.get(PIPE_ENV), env.get(NEW_DUMP_ENV) or env.get(DUMP_ENV)
     if not pipe_stem or not dump_stem:
         return None, "the Flight Recorder's pipe was not set"
     dump = Path(f"{dump_stem}{rank}")

@@ -95,3 +95,16 @@ def test_a_bundle_that_cannot_be_written_does_not_hold_the_restart(start: Start)
     assert unwritable["generation"] == 0 and unwritable["error"], unwritable
     assert d.events("hang_bundle") == []
     assert [e["action"] for e in d.events("decision")] == ["restart"]
+
+
+def test_the_users_flight_recorder_settings_under_the_new_names_stand(start: Start, tmp_path: Path) -> None:
+    """torch >= 2.8 reads TORCH_FR_DUMP_TEMP_FILE / TORCH_FR_BUFFER_SIZE before the old
+    names: set by the user, they are where the dump goes, and the bundle looks there."""
+    env = {**os.environ, "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "new_"), "TORCH_FR_BUFFER_SIZE": "55"}
+    d = start("--nproc-per-node", "2", "--preload", "none", "--no-standby", "--max-restarts", "1",
+              "--ft-rank-heartbeat-timeout", "0.5", str(RANKS / "fr_pipe.py"), env=env)  # fmt: skip
+    assert d.wait(60) == 0, d.story()
+    assert "[rank 0] buffer 55" in d.stdout()
+    _, manifest = _bundle(d)
+    assert sorted(r["flight_recorder"] for r in manifest["ranks"]) == [str(tmp_path / "new_0"),
+                                                                        str(tmp_path / "new_1")]  # fmt: skip
