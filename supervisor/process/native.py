@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import io
 import os
+import pickle
 import shutil
 import signal
 import sys
@@ -29,6 +31,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 NATIVE_MAX = 512 * 1024  # bytes of py-spy output kept per rank
 PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
@@ -43,6 +46,7 @@ NEW_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 FLIGHT_RECORDER = frozenset({PIPE_ENV, DUMP_ENV, BUFFER_ENV})  # what the daemon adds to torchrun's
 BUFFER_ENTRIES = "2000"  # torch's own default where it records at all
 SETTLED = 0.2  # a dump is complete once its size has not changed for this long
+FLIGHT_MAX = 64 * 1024 * 1024  # bytes of a Flight Recorder dump read (2000 entries: about 2 MB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,3 +191,31 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
+
+
+class _DataOnly(pickle.Unpickler):
+    """A pickle of plain data only: a Flight Recorder dump is dicts, lists, strings and
+    numbers. Naming any class or function (how a pickle runs code) is refused, so a rank
+    cannot make the daemon run anything by what it writes there."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"the dump names {module}.{name}: not plain data")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("the dump holds a persistent id: not plain data")
+
+
+def read_flight_dump(path: Path, limit: int = FLIGHT_MAX) -> tuple[Any, str | None]:
+    """The dump at ``path`` as plain data, or (None, why not). Blocking: off the loop."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(limit + 1)
+    except OSError as exc:
+        return None, f"cannot read the Flight Recorder dump: {exc.strerror}"
+    if len(raw) > limit:
+        return None, f"the Flight Recorder dump is over {limit} bytes"
+    try:
+        return _DataOnly(io.BytesIO(raw)).load(), None
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, MemoryError,
+            RecursionError, AttributeError, UnicodeDecodeError) as exc:  # fmt: skip
+        return None, f"the Flight Recorder dump is not readable: {str(exc)[:200]}"

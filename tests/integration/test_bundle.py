@@ -60,9 +60,17 @@ def test_the_flight_recorder_is_asked_for_its_dump_through_torchs_pipe(start: St
     path, manifest = _bundle(d)
     dumps = {r["rank"]: r["flight_recorder"] for r in manifest["ranks"]}
     assert set(dumps) == {0, 1} and all(dumps.values()), manifest
-    for rank, dump in dumps.items():
+    for dump in dumps.values():
         assert Path(dump).parent == path.parent  # the generation's directory
-        assert Path(dump).read_text() == f"flight recorder entries of rank {rank}"
+    # read (as plain data) and summarised: rank 0 waits in the all_reduce #4 that rank 1 never issued
+    assert manifest["flight_recorder_behind"] == {"0": [1]}
+    summary = {r["rank"]: r["flight_recorder_summary"] for r in manifest["ranks"]}
+    assert [g["enqueued"] for g in summary[1]] == [3] and summary[1][0]["pending"] is None
+    (group,) = summary[0]
+    assert (group["desc"], group["enqueued"], group["completed"]) == ("default_pg", 4, 3)
+    assert group["pending"]["op"] == "all_reduce" and group["pending"]["state"] == "scheduled"
+    assert group["pending"]["issued_at"].endswith("fr_pipe.py:60 main")
+    assert d.events("hang_bundle")[0]["flight_recorder_behind"] == {"0": [1]}
     reason = json.loads((d.run_dir() / "reason.json").read_text())  # type: ignore[operator]
     assert reason["last_failure"]["bundle"] == str(path)
 

@@ -24,9 +24,17 @@ from typing import Any
 import orjson
 
 from supervisor.core.blame import Blame
+from supervisor.core.flight import behind, summarize
 from supervisor.core.stacks import Reading
 from supervisor.core.watch import Hang
-from supervisor.process.native import Native, flight_recorder, flight_recorder_env, native_stacks, py_spy
+from supervisor.process.native import (
+    Native,
+    flight_recorder,
+    flight_recorder_env,
+    native_stacks,
+    py_spy,
+    read_flight_dump,
+)
 from supervisor.process.spawn import RankProcess
 from supervisor.process.stacks import process_state
 from supervisor.runtime.clock import Clock
@@ -72,9 +80,19 @@ async def gather(gen: Generation, timeout: float) -> Gathered:
                     time.monotonic() - began)  # fmt: skip
 
 
+def _flight_summaries(got: Gathered) -> dict[int, tuple[list[dict[str, Any]], str | None]]:
+    """Each dump read as plain data and summarised (``core.flight``), by local rank."""
+    out = {}
+    for lr, (dump, _) in got.flight.items():
+        if dump is not None:
+            data, why = read_flight_dump(dump)
+            out[lr] = (summarize(data), why)
+    return out
+
+
 def _rank_entry(
     r: RankProcess, monitor: Monitor, got: Gathered, *, seen: Seen | None, reading: Reading | None,
-    stacks: str | None, now: float,
+    stacks: str | None, now: float, flight: tuple[list[dict[str, Any]], str | None] | None,
 ) -> tuple[dict[str, Any], dict[str, str]]:  # fmt: skip
     lr, rank = r.slot.local_rank, r.slot.rank
     files: dict[str, str] = {}
@@ -101,7 +119,9 @@ def _rank_entry(
         "native_stacks": f"rank{rank}.native.txt" if native is not None and native.text else None,
         "native_error": None if native is None else native.error,
         "flight_recorder": None if dump is None else str(dump),
-        "flight_recorder_error": dump_error,
+        "flight_recorder_error": dump_error or (None if flight is None else flight[1]),
+        # per process group: how far it got, the oldest collective not completed and who issued it
+        "flight_recorder_summary": None if flight is None or flight[1] else flight[0],
     }
     return entry, files
 
@@ -122,12 +142,17 @@ async def write(
     if root is None:
         return None
     now = clock.monotonic()
+    try:
+        flights = await asyncio.wait_for(asyncio.to_thread(_flight_summaries, got), WRITE_TIMEOUT)
+    except TimeoutError:
+        flights = {}
     entries, files = [], {}
     for lr, r in sorted(gen.ranks.items()):
         entry, theirs = _rank_entry(r, monitor, got, seen=seen.get(lr), reading=readings.get(lr),
-                                    stacks=gen.stacks.get(lr), now=now)  # fmt: skip
+                                    stacks=gen.stacks.get(lr), now=now, flight=flights.get(lr))  # fmt: skip
         entries.append(entry)
         files.update(theirs)
+    late = behind({e["rank"]: e["flight_recorder_summary"] for e in entries if e["flight_recorder_summary"]})
     manifest = {
         "generation": gen.number,
         "declared_at": clock.wall() - (now - noticed),
@@ -143,6 +168,8 @@ async def write(
         "evidence": found.detail,
         "waiting": list(found.waiting),
         "gathered_in_s": round(got.seconds, 3),
+        # by process group: ranks that issued fewer collectives than a peer (the others wait for them)
+        "flight_recorder_behind": late,
         "ranks": entries,
     }
     where = root / BUNDLE
@@ -163,6 +190,7 @@ async def write(
         native=sum(1 for e in entries if e["native_stacks"]),
         native_error=next((e["native_error"] for e in entries if e["native_error"]), None),
         flight_recorder=sum(1 for e in entries if e["flight_recorder"]),
+        flight_recorder_behind=late or None,
         seconds=round(got.seconds, 3),
     )
     return where
