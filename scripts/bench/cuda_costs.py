@@ -7,9 +7,10 @@ Start-up: each run is a fresh ``python`` that times, in order, ``import torch``,
 ``torch.cuda.init()``, the CUDA context (the first tensor on the GPU), placing a
 small model (the restart benchmark's) and making its SGD optimizer (``place_model``:
 torch.optim imports torch._dynamo on first use, most of that phase), its first
-training step (cuBLAS and the kernels load), a second step, and an NCCL process group of one rank with its first
-all_reduce. GPU memory is NVML's figure for the whole device, before the process
-and after each phase (nothing else may use the GPU meanwhile). Medians over the runs.
+training step (cuBLAS and the kernels load), a second step, and an NCCL process
+group of one rank with its first all_reduce. GPU memory is NVML's figure for the
+whole device, before the process and after each phase (nothing else may use the GPU
+meanwhile). Medians over the runs.
 
 Interference: one process trains (bf16 4096x4096 matrix products, a step at a time,
 synchronised); a second, like a standby rank with ``--preload ..._cuda_context``,

@@ -107,7 +107,7 @@ def capture(fault: str, out: Path, daemon: list[str], timeout: float) -> dict[st
         done = subprocess.run(classify, check=False, capture_output=True, text=True, timeout=60)
         classified = done.stdout + done.stderr
         (where / "classify.txt").write_text(classified)
-    pick = ("classification", "decision", "hang_detected", "hang_bundle", "run_finished")
+    pick = {"decision", "rank_failure_reported", "rank_exit_stuck", "rank_hung", "hang_bundle"}
     return {
         "fault": fault,
         "exit_code": code,

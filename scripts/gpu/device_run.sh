@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One pass on a GPU machine (issue 17): the failure captures, CUDA's start-up costs and
 # the restart benchmark on CUDA, each bounded; results under $OUT (default ./gpu-out).
-# Python packages the machine lacks come as wheels in .whl (see scripts/gpu/README.md).
+# Python packages the machine lacks come as wheels in .whl (pip download ... --python-version
+# 3.12: orjson, pyzmq, google-re2, py-spy, and this project's own wheel).
+# FAULTS=oom,hang (default: every fault) picks the captures; BENCH=0 skips the benchmarks.
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -24,8 +26,10 @@ ln -sf /tmp/site/bin/ft-supervisor /tmp/bin/ft-supervisor
 ft-supervisor --version || true
 
 stage "failure captures"
-timeout 260 python3 scripts/gpu/capture.py /tmp/capture --timeout 60 --daemon ft-supervisor
+timeout 260 python3 scripts/gpu/capture.py /tmp/capture --timeout 60 --daemon ft-supervisor \
+    ${FAULTS:+--faults "$FAULTS"}
 tar -czf "$OUT/capture.tgz" -C /tmp capture
+[ "${BENCH:-1}" = 0 ] && { stage "done"; exit 0; }
 
 stage "CUDA start-up costs"
 timeout 120 python3 scripts/bench/cuda_costs.py --runs 3 --json "$OUT/cuda_costs.json"
