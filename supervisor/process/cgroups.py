@@ -14,10 +14,9 @@ that is the daemon's to divide: the unit's cgroup under systemd with
 ``Delegate=yes``, the container's own with a writable cgroup namespace, the root
 of the unified hierarchy when run as root on a host::
 
-    <the daemon's cgroup>/ft-supervisor-<pid>-<hash of the run token>/   the run's: no process of its own
-                                                             gen-<g>/    the ranks of generation g,
-                                                                         standbys included, and all
-                                                                         their descendants
+    <the daemon's cgroup>/ft-supervisor-<pid>-<hash of the run token>-<pid namespace>/
+                          the run's: no process of its own
+        gen-<g>/          the ranks of generation g, standbys included, and all their descendants
 
 cgroup v2's "no internal processes" rule forbids a cgroup to hold processes while
 it passes controllers down (``cgroup.subtree_control``). The daemon enables no
@@ -52,12 +51,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor.process.sentinel import kill_cgroup, remove_cgroup
+from supervisor.process.sentinel import kill_cgroup, populated, remove_cgroup
 
 PROC_CGROUP = "/proc/self/cgroup"
 MOUNTINFO = "/proc/self/mountinfo"
 PROBE_TIMEOUT = 5.0
-PREFIX = "ft-supervisor-"  # then the daemon's pid, a dash, and the hash of its run's token
+# then the daemon's pid, the hash of its run's token and its pid namespace, dash-separated
+PREFIX = "ft-supervisor-"
 # What a rank's bootstrap does first, done by a throwaway process: move itself
 # into the cgroup, say so, then wait to be killed with it.
 _PROBE = (
@@ -172,7 +172,16 @@ def run_cgroup(run_entry: bytes) -> Path | str:
     if isinstance(parent, str):
         return parent
     digest = hashlib.sha256(run_entry).hexdigest()[:12]
-    return parent / f"{PREFIX}{os.getpid()}-{digest}"
+    return parent / f"{PREFIX}{os.getpid()}-{digest}-{pid_namespace()}"
+
+
+def pid_namespace() -> str:
+    """This process's pid namespace (the inode of its nsfs entry): whose pids a run
+    cgroup's name holds. "0" where it cannot be read."""
+    try:
+        return str(Path("/proc/self/ns/pid").stat().st_ino)
+    except OSError:
+        return "0"
 
 
 def _probe(run: Path) -> str | None:
@@ -211,15 +220,27 @@ def _remove_stale(parent: Path) -> None:
     """Remove the empty run cgroups of daemons that are gone. A cgroup cannot be
     removed while it holds a process: a rank stuck in the kernel keeps its cgroup
     until long after its daemon and sentinel gave up on it; this is the next
-    daemon tidying up. One whose daemon's pid is alive (or reused) is left alone."""
+    daemon tidying up. One whose daemon's pid is alive (or reused) is left alone,
+    and so is one whose daemon ran in another pid namespace (another container on
+    the same cgroup tree: its pids mean nothing here, and its fresh, still empty
+    generation cgroup is not ours to remove), and any tree that still holds a process."""
     try:
         found = list(parent.glob(f"{PREFIX}*"))
     except OSError:
         return  # not ours to list: nothing of ours to tidy either
+    ours = pid_namespace()
     for path in found:
-        pid = path.name.removeprefix(PREFIX).partition("-")[0]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            remove_cgroup(str(path), timeout=0.0)
+        pid, _, namespace = _parts(path.name)
+        if namespace != ours or not pid.isdigit() or Path(f"/proc/{pid}").exists() or populated(str(path)):
+            continue
+        remove_cgroup(str(path), timeout=0.0)
+
+
+def _parts(name: str) -> tuple[str, str, str]:
+    """A run cgroup's name: (pid, token hash, pid namespace); empty parts where absent."""
+    parts = name.removeprefix(PREFIX).split("-")
+    return (parts[0], parts[1], parts[2]) if len(parts) == 3 else ("", "", "")
+
 
 
 def open_run(where: Path | str) -> Containment:

@@ -127,7 +127,8 @@ def signal_cgroup(path: str, timeout: float = 2.0) -> None:
         time.sleep(0.01)  # killed processes take a moment to leave cgroup.procs
 
 
-def _populated(path: str) -> bool:
+def populated(path: str) -> bool:
+    """Does the cgroup tree at ``path`` hold a process (its ``cgroup.events``)?"""
     try:
         with open(os.path.join(path, "cgroup.events")) as f:
             return "populated 1" in f.read()
@@ -140,7 +141,7 @@ def remove_cgroup(path: str, timeout: float = 2.0) -> bool:
     not count), waiting ``timeout`` at most. False when something is still inside:
     a process that outlived SIGKILL (stuck in the kernel)."""
     deadline = time.monotonic() + timeout
-    while _populated(path) and time.monotonic() < deadline:
+    while populated(path) and time.monotonic() < deadline:
         time.sleep(0.01)
     # the innermost first: a cgroup with children cannot be removed
     for top, _dirs, _files in os.walk(path, topdown=False):

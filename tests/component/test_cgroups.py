@@ -188,10 +188,17 @@ def test_where_a_cgroup_cannot_be_used_the_fallback_says_why(tmp_path: Path) -> 
 def test_empty_run_cgroups_of_gone_daemons_are_tidied(tmp_path: Path) -> None:
     done = subprocess.Popen(["true"])
     done.wait()  # a pid that no process has now
-    stale = tmp_path / f"ft-supervisor-{done.pid}-aaaa"
+    ns = cgroups.pid_namespace()
+    stale = tmp_path / f"ft-supervisor-{done.pid}-aaaa-{ns}"
     (stale / "gen-3").mkdir(parents=True)
-    live = tmp_path / f"ft-supervisor-{os.getpid()}-bbbb"
+    live = tmp_path / f"ft-supervisor-{os.getpid()}-bbbb-{ns}"
     live.mkdir()
-    cgroups.open_run(tmp_path / f"ft-supervisor-{os.getpid()}-cccc")
+    # the same dead pid in another pid namespace (another container on this cgroup tree):
+    # its daemon may well be alive; and a name of an older version says no namespace
+    elsewhere = tmp_path / f"ft-supervisor-{done.pid}-dddd-{int(ns) + 1}"
+    (elsewhere / "gen-1").mkdir(parents=True)
+    legacy = tmp_path / f"ft-supervisor-{done.pid}-eeee"
+    legacy.mkdir()
+    cgroups.open_run(tmp_path / f"ft-supervisor-{os.getpid()}-cccc-{ns}")
     assert not stale.exists()
-    assert live.exists()
+    assert live.exists() and (elsewhere / "gen-1").exists() and legacy.exists()

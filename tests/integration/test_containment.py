@@ -124,3 +124,46 @@ def test_a_sigkilled_daemon_leaves_no_escapee(contained: None, start: Start, esc
     d.wait()
     _none_alive(pids, "the sentinel to kill the run's cgroup")
     wait_until(lambda: not Path(run["cgroup"]).exists(), 10, "the sentinel to remove the run's cgroup")
+
+
+def _other_pid_namespace() -> str | None:
+    try:
+        r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    except FileNotFoundError:
+        return "unshare(1) is not installed"
+    return None if r.returncode == 0 else f"unshare --pid is not permitted here: {r.stderr.strip()}"
+
+
+def test_a_daemon_in_another_pid_namespace_leaves_a_live_runs_cgroups_alone(contained: None) -> None:
+    """A daemon starting in a container of its own (here: PID 1 of a new pid namespace,
+    on the same cgroup tree) tidies the run cgroups of daemons that are gone. Ours is
+    alive, but its pid means nothing in there: the new daemon's tidy-up once removed a
+    live run's fresh, still empty generation cgroup, and the standby about to enter it
+    failed ('cannot enter the generation's cgroup ... No such file or directory': the
+    suite's twenty-cycle test, beside the PID 1 test in another worker)."""
+    why = _other_pid_namespace()
+    if why is not None:
+        pytest.skip(why)
+    run = cgroups.open_run(cgroups.run_cgroup(b"test_containment/another-namespace"))
+    assert run.cgroup is not None
+    busy, fresh = run.generation(0), run.generation(1)
+    assert busy.cgroup is not None and fresh.cgroup is not None
+    procs = str(busy.cgroup / "cgroup.procs")
+    enter = f"import time\nwith open({procs!r}, 'w') as f: f.write('0')\nprint('in', flush=True)\n"
+    enter += "time.sleep(60)"
+    sleeper = subprocess.Popen([sys.executable, "-c", enter], stdout=subprocess.PIPE, text=True)
+    try:
+        assert sleeper.stdout is not None and sleeper.stdout.readline() == "in\n"
+        code = ("from supervisor.process import cgroups; "
+                "found = cgroups.open_run(cgroups.run_cgroup(b'test_containment/pid-1')); "
+                "print(found.cgroup); from supervisor.process.sentinel import remove_cgroup; "
+                "remove_cgroup(str(found.cgroup)) if found.cgroup else None")  # fmt: skip
+        argv = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
+        assert done.returncode == 0 and "ft-supervisor-1-" in done.stdout, done.stdout + done.stderr
+        assert fresh.cgroup.is_dir() and busy.cgroup.is_dir()
+    finally:
+        sleeper.kill()
+        sleeper.communicate()
+        remove_cgroup(str(run.cgroup))
