@@ -6,6 +6,12 @@ their own step open, and whichever opened the step first misses its deadline
 first. Killing that one kills a healthy rank. So the daemon looks at every rank
 before it names one, evidence by evidence, the first that tells them apart:
 
+0. **NCCL's Flight Recorder** (``supervisor.core.flight``), where the ranks' process
+   groups keep one and at least two ranks answered: a rank that issued fewer
+   collectives in a group than its peers is the one they wait for, whatever its
+   stacks say (a peer waiting at ``.item()`` looks like its own code to the stacks;
+   a rank stuck inside backward looks like a waiting one). A stopped rank cannot
+   answer, so it never takes part here, and rule 1 finds it.
 1. **stacks** (``supervisor.core.stacks``): a stopped process or one that never
    answered the dump is the most suspect; then a rank in its own code (data
    loading, I/O, a sleep); then one inside backward (DDP waits for its
@@ -30,7 +36,7 @@ Pure: the runtime gathers the stacks and calls ``blame`` with the time.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from supervisor.core.stacks import Reading, Where
@@ -51,6 +57,8 @@ class Suspect:
     last_seen: float  # monotonic time of its last message
     iteration: int | None = None
     hang: Hang | None = None  # its own deadline, if that has passed by now
+    # collectives it enqueued, by process group (its Flight Recorder dump); None: no dump
+    enqueued: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +66,7 @@ class Blame:
     """The ranks declared hung and why."""
 
     ranks: tuple[int, ...]  # the first is the root cause
-    by: str  # stacks | progress | deadline
+    by: str  # flight_recorder | stacks | progress | deadline
     waiting: tuple[int, ...]  # ranks seen waiting for the others (in a collective)
     detail: str
     undetermined: bool = False  # several ranks could have been the stuck one
@@ -70,7 +78,7 @@ def blame(suspects: Sequence[Suspect], missed: Hang, now: float) -> Blame:
     if len(suspects) <= 1:
         return Blame((missed.rank,), "deadline", (), "the only live rank of this node")
     waiting = tuple(sorted(s.rank for s in suspects if s.reading and s.reading.where is Where.COLLECTIVE))
-    for judge in (_by_level, _by_odd_one_out, _by_iteration, _by_silence):
+    for judge in (_by_flight_recorder, _by_level, _by_odd_one_out, _by_iteration, _by_silence):
         found = judge(suspects, missed)
         if found is not None:
             ranks, detail = found
@@ -92,6 +100,8 @@ def _waits(s: Suspect) -> bool:
 
 
 def _kind(judge: object) -> str:
+    if judge is _by_flight_recorder:
+        return "flight_recorder"
     return "stacks" if judge in (_by_level, _by_odd_one_out) else "progress"
 
 
@@ -106,6 +116,28 @@ def _root_first(ranks: Sequence[int], by_rank: dict[int, Suspect], missed: Hang)
 
 
 Found = tuple[list[int], str] | None
+
+
+def _by_flight_recorder(suspects: Sequence[Suspect], missed: Hang) -> Found:
+    dumps = {s.rank: s.enqueued for s in suspects if s.enqueued is not None}
+    if len(dumps) < 2:
+        return None
+    by_group: dict[str, dict[int, int]] = {}
+    for rank, groups in dumps.items():
+        for group, n in groups.items():
+            by_group.setdefault(group, {})[rank] = n
+    late: set[int] = set()
+    said = []
+    for group, counts in sorted(by_group.items()):
+        most = max(counts.values())
+        behind = sorted(r for r, n in counts.items() if n < most)
+        if behind and len(counts) >= 2:
+            late.update(behind)
+            fewest = min(counts.values())
+            said.append(f"group {group}: rank(s) {_list(behind)} issued {fewest} collectives, others {most}")
+    if not late or late == set(dumps):
+        return None
+    return sorted(late), "; ".join(said) + ": the others wait for it"
 
 
 def _by_level(suspects: Sequence[Suspect], missed: Hang) -> Found:

@@ -71,6 +71,10 @@ def test_the_flight_recorder_is_asked_for_its_dump_through_torchs_pipe(start: St
     assert group["pending"]["op"] == "all_reduce" and group["pending"]["state"] == "scheduled"
     assert group["pending"]["issued_at"].endswith("fr_pipe.py:60 main")
     assert d.events("hang_bundle")[0]["flight_recorder_behind"] == {"0": [1]}
+    # and the blame took it: both ranks sleep in their own code, but rank 1 never issued #4
+    (hung,) = d.events("rank_hung")
+    assert (hung["rank"], hung["blamed_by"]) == (1, "flight_recorder"), hung
+    assert manifest["blamed_by"] == "flight_recorder" and manifest["hung"] == [1]
     reason = json.loads((d.run_dir() / "reason.json").read_text())  # type: ignore[operator]
     assert reason["last_failure"]["bundle"] == str(path)
 

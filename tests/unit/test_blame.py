@@ -139,3 +139,26 @@ def test_two_silent_ranks_in_their_own_code_are_both_hung_a_talking_one_is_not()
     # a rank waiting in a collective is never named for its silence alone
     waiting = [_suspect(0, "ddp_rank1.txt", 95.5), _suspect(1, "allreduce_rank0.txt", 95.5)]
     assert blame(waiting, _missed(1), NOW).ranks == (0,)
+
+
+def test_the_flight_recorder_names_the_rank_that_did_not_issue_the_collective() -> None:
+    """On NCCL a waiting rank is often at a host sync that looks like its own code
+    (``.item()``), and a rank stuck inside backward looks like one waiting: the stacks
+    blame the wrong one. NCCL's Flight Recorder says who issued the collective."""
+    item, backward = _suspect(0, "ddp_rank1.txt"), _suspect(1, "ddp_rank0.txt")  # own code; compute
+    assert blame([item, backward], _missed(0), NOW).ranks == (0,)  # the stacks alone: wrong
+    item = _suspect(0, "ddp_rank1.txt", enqueued={"0": 8, "1": 2})
+    backward = _suspect(1, "ddp_rank0.txt", enqueued={"0": 7, "1": 2})
+    found = blame([item, backward], _missed(0), NOW)
+    assert (found.ranks, found.by) == ((1,), "flight_recorder")
+    assert "group 0: rank(s) 1 issued 7 collectives, others 8" in found.detail
+
+
+def test_without_two_agreeing_dumps_the_flight_recorder_says_nothing() -> None:
+    stopped = Suspect(1, Reading(Where.STOPPED, (), "stopped (SIGSTOP)"), 100.0)  # a stopped rank cannot dump
+    found = blame([_suspect(0, "allreduce_rank1.txt", enqueued={"0": 5}), stopped], _missed(0), NOW)
+    assert (found.ranks, found.by) == ((1,), "stacks")
+    # each behind the other in one group: no verdict from the recorder
+    crossed = [_suspect(0, "allreduce_rank0.txt", enqueued={"0": 5, "1": 3}),
+               _suspect(1, "allreduce_rank1.txt", enqueued={"0": 4, "1": 4})]  # fmt: skip
+    assert blame(crossed, _missed(0), NOW).by == "stacks"

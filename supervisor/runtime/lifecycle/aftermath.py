@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from supervisor.core.blame import Suspect
@@ -84,9 +85,13 @@ def seen_now(gen: Generation, monitor: Monitor, now: float) -> dict[int, Seen]:
     return out
 
 
-def suspects(seen: dict[int, Seen], readings: dict[int, Reading | None]) -> list[Suspect]:
-    """The live ranks as the blame sees them: stacks, last message, iteration, own deadline."""
-    return [Suspect(s.rank, readings.get(lr), s.last_seen, s.iteration, s.own) for lr, s in seen.items()]
+def suspects(
+    seen: dict[int, Seen], readings: dict[int, Reading | None], enqueued: Mapping[int, Mapping[str, int]]
+) -> list[Suspect]:
+    """The live ranks as the blame sees them: stacks, last message, iteration, own
+    deadline, and the collectives their Flight Recorder says they enqueued (by local rank)."""
+    return [Suspect(s.rank, readings.get(lr), s.last_seen, s.iteration, s.own, enqueued.get(lr))
+            for lr, s in seen.items()]  # fmt: skip
 
 
 async def failures(

@@ -47,6 +47,7 @@ from supervisor.runtime.records.reason import write_atomically
 BUNDLE = "hang-bundle"
 MANIFEST = "bundle.json"
 WRITE_TIMEOUT = 5.0  # seconds the restart may wait for the bundle's files
+SUMMARY_TIMEOUT = 1.0  # seconds the blame may wait for the Flight Recorder dumps to be read
 
 
 @dataclass
@@ -80,7 +81,10 @@ async def gather(gen: Generation, timeout: float) -> Gathered:
                     time.monotonic() - began)  # fmt: skip
 
 
-def _flight_summaries(got: Gathered) -> dict[int, tuple[list[dict[str, Any]], str | None]]:
+Flights = dict[int, tuple[list[dict[str, Any]], str | None]]  # local rank -> (summary, why none)
+
+
+def _flight_summaries(got: Gathered) -> Flights:
     """Each dump read as plain data and summarised (``core.flight``), by local rank."""
     out = {}
     for lr, (dump, _) in got.flight.items():
@@ -88,6 +92,21 @@ def _flight_summaries(got: Gathered) -> dict[int, tuple[list[dict[str, Any]], st
             data, why = read_flight_dump(dump)
             out[lr] = (summarize(data), why)
     return out
+
+
+async def flights(got: Gathered) -> Flights:
+    """The dumps summarised, off the loop, within ``SUMMARY_TIMEOUT`` (else none: the
+    kill waits for the blame, which reads them; a 2,000-entry dump takes milliseconds)."""
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(_flight_summaries, got), SUMMARY_TIMEOUT)
+    except TimeoutError:
+        return {}
+
+
+def enqueued(summaries: Flights) -> dict[int, dict[str, int]]:
+    """By local rank: the collectives enqueued per process group, for the blame."""
+    return {lr: {str(g["group"]): g["enqueued"] for g in groups if isinstance(g.get("enqueued"), int)}
+            for lr, (groups, why) in summaries.items() if why is None}  # fmt: skip
 
 
 def _rank_entry(
@@ -135,21 +154,18 @@ def _write(where: Path, manifest: dict[str, Any], files: dict[str, str]) -> None
 
 async def write(
     gen: Generation, monitor: Monitor, *, missed: Hang, found: Blame, seen: dict[int, Seen],
-    readings: dict[int, Reading | None], got: Gathered, noticed: float, clock: Clock, events: EventLog,
+    readings: dict[int, Reading | None], got: Gathered, summaries: Flights, noticed: float, clock: Clock,
+    events: EventLog,
 ) -> Path | None:  # fmt: skip
     """The bundle on disk (off the loop), and a ``hang_bundle`` event; None if it could not be written."""
     root = generation_dir(gen)
     if root is None:
         return None
     now = clock.monotonic()
-    try:
-        flights = await asyncio.wait_for(asyncio.to_thread(_flight_summaries, got), WRITE_TIMEOUT)
-    except TimeoutError:
-        flights = {}
     entries, files = [], {}
     for lr, r in sorted(gen.ranks.items()):
         entry, theirs = _rank_entry(r, monitor, got, seen=seen.get(lr), reading=readings.get(lr),
-                                    stacks=gen.stacks.get(lr), now=now, flight=flights.get(lr))  # fmt: skip
+                                    stacks=gen.stacks.get(lr), now=now, flight=summaries.get(lr))  # fmt: skip
         entries.append(entry)
         files.update(theirs)
     late = behind({e["rank"]: e["flight_recorder_summary"] for e in entries if e["flight_recorder_summary"]})

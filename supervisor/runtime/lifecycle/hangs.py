@@ -51,7 +51,8 @@ async def name_hung(
     readings, got = await asyncio.gather(
         aftermath.collect_stacks(gen, monitor, stack_timeout, events), bundle.gather(gen, bundle_timeout)
     )
-    found = blame(aftermath.suspects(seen, readings), missed, noticed)
+    summaries = await bundle.flights(got)  # NCCL's own account of who issued which collective
+    found = blame(aftermath.suspects(seen, readings, bundle.enqueued(summaries)), missed, noticed)
     local = {s.rank: lr for lr, s in seen.items()}
     deadline_wall = clock.wall() - (clock.monotonic() - (noticed - missed.late_by))
     for rank in found.ranks:
@@ -80,5 +81,6 @@ async def name_hung(
         if rank in local:
             gen.hung(local[rank], hang, deadline_wall)
     gen.bundle = await bundle.write(gen, monitor, missed=missed, found=found, seen=seen, readings=readings,
-                                    got=got, noticed=noticed, clock=clock, events=events)  # fmt: skip
+                                    got=got, summaries=summaries, noticed=noticed, clock=clock,
+                                    events=events)  # fmt: skip
     return found
