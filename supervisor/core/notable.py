@@ -11,6 +11,8 @@ use the same list, so what is kept while a rank runs is what a rule may need.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 KEYWORDS = (
     "error", "exception", "traceback", "fatal", "fail", "abort", "killed", "timeout", "timed out",
     "watchdog", "nccl warn", "xid", "segmentation", "segfault", "out of memory", "oom", "no space left",
@@ -21,16 +23,25 @@ KEYWORDS = (
 )  # fmt: skip
 
 
-# What torch prints as it takes a rank down on its own: the NCCL watchdog's timeout
-# and its death (with TORCH_NCCL_ASYNC_ERROR_HANDLING, which the daemon sets, the
-# process goes next). A rank that said so and is still there is failing like one whose
-# error file is written: its teardown is stuck (captured on an H200, the abort waited
-# on a GPU kernel for as long as the kernel ran). Lower case, as ``is_notable`` reads.
-GOING_DOWN = (
+# What torch prints as it takes a rank down on its own. A rank that said so and is
+# still there is failing like one whose error file is written: its teardown is stuck
+# (captured on an H200: the abort waited on a GPU kernel for as long as the kernel ran).
+# Lower case, as ``is_notable`` reads. The first is said only on the way down; the
+# watchdog's own lines mean that only where TORCH_NCCL_ASYNC_ERROR_HANDLING tears the
+# process down (1, which the daemon sets unless told otherwise, or 3): with 0 or 2 the
+# process lives on, and a program may recover in place (torchft does).
+TAKEN_DOWN = ("we are taking the entire process down",)
+WATCHDOG_FAILED = (
     "watchdog caught collective operation timeout",
-    "we are taking the entire process down",
     "watchdog thread terminated with exception",
 )
+GOING_DOWN = TAKEN_DOWN + WATCHDOG_FAILED
+
+
+def nccl_tears_down(environ: Mapping[str, str]) -> bool:
+    """Does a watchdog failure take the rank's process down, by the environment the
+    ranks get (the daemon sets TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless it is given)?"""
+    return environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1").strip() not in ("0", "2")
 
 
 def is_notable(line: str) -> bool:
@@ -61,7 +72,8 @@ def notable_lines(text: str, keywords: tuple[str, ...] = KEYWORDS) -> list[str]:
     return out
 
 
-def says_going_down(line: str) -> bool:
-    """Does the line announce that torch is taking the process down (``GOING_DOWN``)?"""
+def says_going_down(line: str, tears_down: bool = True) -> bool:
+    """Does the line announce that torch is taking the process down? ``tears_down``:
+    whether a watchdog failure does (``nccl_tears_down``)."""
     low = line.lower()
-    return any(k in low for k in GOING_DOWN)
+    return any(k in low for k in (GOING_DOWN if tears_down else TAKEN_DOWN))

@@ -40,12 +40,13 @@ class Notable:
     after_exit: deque[str] = field(default_factory=lambda: deque(maxlen=NOTABLE_LINES // 4))
     exited: bool = False
     going_down: str | None = None  # the first line in which torch said it takes the rank down
+    tears_down: bool = True  # whether an NCCL watchdog failure takes the process down
 
     def add(self, line: str) -> None:
         if self.exited:
             self.after_exit.append(line)
             return
-        if self.going_down is None and says_going_down(line):
+        if self.going_down is None and says_going_down(line, self.tears_down):
             self.going_down = line
         if len(self.first) < NOTABLE_LINES // 4:
             self.first.append(line)
@@ -69,8 +70,11 @@ class _Followed:
 
 
 class LogFollower:
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, *, tears_down: bool = True) -> None:
+        """``tears_down``: whether an NCCL watchdog failure takes a rank's process down
+        (``core.notable.nccl_tears_down`` of the ranks' environment)."""
         self._console = console
+        self._tears_down = tears_down
         self._files: list[_Followed] = []
         self.notable: dict[int, Notable] = {}
         self.after_exit: dict[int, tuple[str, ...]] = {}  # of the last finished generation
@@ -78,7 +82,7 @@ class LogFollower:
     def follow(self, rank: int, path: Path, stream: int, *, show: bool = True) -> None:
         """Read ``path`` as it grows; copy it to the console when ``show``."""
         self._files.append(_Followed(rank, f"[rank {rank}] ".encode(), path, stream, show))
-        self.notable.setdefault(rank, Notable())
+        self.notable.setdefault(rank, Notable(tears_down=self._tears_down))
 
     def poll(self) -> None:
         for f in self._files:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.core.notable import nccl_tears_down
 from supervisor.log import STDERR, STDOUT, Console
 from supervisor.process.evidence import log_tail
 from supervisor.process.tail import MAX_LINE, LogFollower
@@ -128,3 +129,31 @@ async def test_a_log_tail_between_offsets(tmp_path: Path) -> None:
     assert await log_tail(log, end=4) == ("a", "b")
     assert await log_tail(log, start=4) == ("c", "d")
     assert await log_tail(log, max_bytes=3, start=2) == ("d",)  # the cut line is dropped
+
+
+FAILURES = Path(__file__).resolve().parent.parent / "fixtures" / "failures"
+CAPTURED = FAILURES / "n1_watchdog_timeout_captured_h200.log"
+
+
+@pytest.mark.parametrize(("handling", "says"), [("1", True), ("3", True), ("0", False), ("2", False)])
+def test_the_watchdog_s_timeout_says_the_rank_goes_down_only_where_torch_takes_it_down(
+    tmp_path: Path, handling: str, says: bool
+) -> None:
+    """With TORCH_NCCL_ASYNC_ERROR_HANDLING 0 or 2 the process lives on after a watchdog
+    timeout (a program may recover in place): the line is evidence, not a failure report.
+    torch's own 'taking the entire process down' is one whatever the mode."""
+    log = tmp_path / "err"
+    log.write_bytes(CAPTURED.read_bytes())  # the H200's watchdog timeout, byte for byte
+    tears_down = nccl_tears_down({"TORCH_NCCL_ASYNC_ERROR_HANDLING": handling})
+    follower = LogFollower(Captured(), tears_down=tears_down)
+    follower.follow(0, log, STDERR)
+    follower.poll()
+    said = follower.going_down(0)
+    assert (said is not None) == says
+    assert said is None or "Watchdog caught collective operation timeout" in said
+    with log.open("a") as f:
+        f.write("[rank0]:[E1126 ProcessGroupNCCL.cpp:1] To avoid data inconsistency, "
+                "we are taking the entire process down.\n")  # fmt: skip
+    follower.poll()
+    assert follower.going_down(0) is not None
+    assert nccl_tears_down({}) and follower.finish()[0]

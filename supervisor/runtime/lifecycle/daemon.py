@@ -32,6 +32,7 @@ from supervisor.coord.job import JobGeneration, JobOver, LocalJob, RendezvousJob
 from supervisor.core.jobwide import NodeOutcome, PeerNews
 from supervisor.core.learning import Learned
 from supervisor.core.next_step import Settlement, settle
+from supervisor.core.notable import nccl_tears_down
 from supervisor.core.states import GroupResult
 from supervisor.core.stragglers import Change
 from supervisor.core.stragglers import decision as straggler_decision
@@ -90,7 +91,7 @@ class Supervisor:
         self._key_secret = secrets.token_bytes(32)  # never leaves the daemon
         self._signaller = signaller or Signaller()
         self._commands: asyncio.Queue[signals.Command] = asyncio.Queue()
-        self._follower = LogFollower(console)
+        self._follower = LogFollower(console, tears_down=nccl_tears_down(os.environ))
         self._stop_signal: int | None = None
         self._stopping = asyncio.Event()
         self._force = asyncio.Event()
