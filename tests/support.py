@@ -213,3 +213,13 @@ def rank_pids(daemon: Daemon, generation: int | None = None) -> list[int]:
     return [
         e["pid"] for e in daemon.events("rank_spawned") if generation is None or e["generation"] == generation
     ]
+
+
+def unshare_pid_refused() -> str | None:
+    """Why a process cannot be started in a pid namespace of its own here (None: it can)."""
+    try:
+        r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    except FileNotFoundError:
+        return "unshare(1) is not installed"
+    return None if r.returncode == 0 else f"unshare --pid is not permitted here: {r.stderr.strip()}"

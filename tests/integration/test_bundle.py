@@ -79,9 +79,18 @@ def test_the_flight_recorder_is_asked_for_its_dump_through_torchs_pipe(start: St
     assert reason["last_failure"]["bundle"] == str(path)
 
 
-def test_the_users_own_flight_recorder_settings_stand(start: Start, tmp_path: Path) -> None:
-    env = {**os.environ, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "mine_"),
-           "TORCH_NCCL_TRACE_BUFFER_SIZE": "77"}  # fmt: skip
+@pytest.mark.parametrize(
+    ("dump_env", "buffer_env"),
+    [
+        ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
+        # torch >= 2.8's names, read before the old ones: the bundle must look there too
+        ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_FR_BUFFER_SIZE"),
+    ],
+)
+def test_the_users_own_flight_recorder_settings_stand(
+    start: Start, tmp_path: Path, dump_env: str, buffer_env: str
+) -> None:
+    env = {**os.environ, dump_env: str(tmp_path / "mine_"), buffer_env: "77"}
     d = start("--nproc-per-node", "2", "--preload", "none", "--no-standby", "--max-restarts", "1",
               "--ft-rank-heartbeat-timeout", "0.5", str(RANKS / "fr_pipe.py"), env=env)  # fmt: skip
     assert d.wait(60) == 0, d.story()
@@ -107,16 +116,3 @@ def test_a_bundle_that_cannot_be_written_does_not_hold_the_restart(start: Start)
     assert unwritable["generation"] == 0 and unwritable["error"], unwritable
     assert d.events("hang_bundle") == []
     assert [e["action"] for e in d.events("decision")] == ["restart"]
-
-
-def test_the_users_flight_recorder_settings_under_the_new_names_stand(start: Start, tmp_path: Path) -> None:
-    """torch >= 2.8 reads TORCH_FR_DUMP_TEMP_FILE / TORCH_FR_BUFFER_SIZE before the old
-    names: set by the user, they are where the dump goes, and the bundle looks there."""
-    env = {**os.environ, "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "new_"), "TORCH_FR_BUFFER_SIZE": "55"}
-    d = start("--nproc-per-node", "2", "--preload", "none", "--no-standby", "--max-restarts", "1",
-              "--ft-rank-heartbeat-timeout", "0.5", str(RANKS / "fr_pipe.py"), env=env)  # fmt: skip
-    assert d.wait(60) == 0, d.story()
-    assert "[rank 0] buffer 55" in d.stdout()
-    _, manifest = _bundle(d)
-    assert sorted(r["flight_recorder"] for r in manifest["ranks"]) == [str(tmp_path / "new_0"),
-                                                                        str(tmp_path / "new_1")]  # fmt: skip

@@ -19,7 +19,7 @@ import pytest
 
 from supervisor.process import cgroups
 from supervisor.process.sentinel import remove_cgroup
-from tests.support import RANKS, Daemon, alive, wait_until
+from tests.support import RANKS, Daemon, alive, unshare_pid_refused, wait_until
 
 ESCAPES = str(RANKS / "escapes.py")
 FAST = ("--nproc-per-node", "2", "--preload", "none")
@@ -126,15 +126,6 @@ def test_a_sigkilled_daemon_leaves_no_escapee(contained: None, start: Start, esc
     wait_until(lambda: not Path(run["cgroup"]).exists(), 10, "the sentinel to remove the run's cgroup")
 
 
-def _other_pid_namespace() -> str | None:
-    try:
-        r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
-                           capture_output=True, text=True, timeout=30)  # fmt: skip
-    except FileNotFoundError:
-        return "unshare(1) is not installed"
-    return None if r.returncode == 0 else f"unshare --pid is not permitted here: {r.stderr.strip()}"
-
-
 def test_a_daemon_in_another_pid_namespace_leaves_a_live_runs_cgroups_alone(contained: None) -> None:
     """A daemon starting in a container of its own (here: PID 1 of a new pid namespace,
     on the same cgroup tree) tidies the run cgroups of daemons that are gone. Ours is
@@ -142,7 +133,7 @@ def test_a_daemon_in_another_pid_namespace_leaves_a_live_runs_cgroups_alone(cont
     live run's fresh, still empty generation cgroup, and the standby about to enter it
     failed ('cannot enter the generation's cgroup ... No such file or directory': the
     suite's twenty-cycle test, beside the PID 1 test in another worker)."""
-    why = _other_pid_namespace()
+    why = unshare_pid_refused()
     if why is not None:
         pytest.skip(why)
     run = cgroups.open_run(cgroups.run_cgroup(b"test_containment/another-namespace"))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import RANKS, Daemon, alive, proc_state, rank_pids, wait_until
+from tests.support import RANKS, Daemon, alive, proc_state, rank_pids, unshare_pid_refused, wait_until
 
 HOSTED = str(RANKS / "hosted.py")
 FAST = ("--preload", "none")
@@ -186,15 +186,6 @@ def test_an_orphan_of_a_rank_comes_back_to_the_daemon_and_is_reaped(start: Start
     assert d.wait() == 0, d.story()
 
 
-def _unshare_allowed() -> str | None:
-    try:
-        r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
-                           capture_output=True, text=True, timeout=30)  # fmt: skip
-    except FileNotFoundError:
-        return "unshare(1) is not installed"
-    return None if r.returncode == 0 else f"unshare --pid is not permitted here: {r.stderr.strip()}"
-
-
 def _children(pid: int) -> list[int]:
     found = []
     for f in Path(f"/proc/{pid}/task").glob("*/children"):
@@ -215,7 +206,7 @@ def _inner_pid(outer: int) -> int | None:
 
 
 def test_as_pid_1_of_a_container_it_reaps_orphans_and_keeps_the_exit_codes(tmp_path: Path) -> None:
-    why = _unshare_allowed()
+    why = unshare_pid_refused()
     if why is not None:
         pytest.skip(why)
     runtime = Path(tempfile.mkdtemp(prefix="ftx-"))  # its own endpoint dir: inside, every daemon is pid 1
