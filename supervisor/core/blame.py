@@ -39,6 +39,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from supervisor.core.flight import behind
 from supervisor.core.stacks import Reading, Where
 from supervisor.core.watch import Hang
 
@@ -120,23 +121,12 @@ Found = tuple[list[int], str] | None
 
 def _by_flight_recorder(suspects: Sequence[Suspect], missed: Hang) -> Found:
     dumps = {s.rank: s.enqueued for s in suspects if s.enqueued is not None}
-    if len(dumps) < 2:
-        return None
-    by_group: dict[str, dict[int, int]] = {}
-    for rank, groups in dumps.items():
-        for group, n in groups.items():
-            by_group.setdefault(group, {})[rank] = n
-    late: set[int] = set()
-    said = []
-    for group, counts in sorted(by_group.items()):
-        most = max(counts.values())
-        behind = sorted(r for r, n in counts.items() if n < most)
-        if behind and len(counts) >= 2:
-            late.update(behind)
-            fewest = min(counts.values())
-            said.append(f"group {group}: rank(s) {_list(behind)} issued {fewest} collectives, others {most}")
+    found = behind(dumps) if len(dumps) >= 2 else {}
+    late = {r for ranks, _, _ in found.values() for r in ranks}
     if not late or late == set(dumps):
-        return None
+        return None  # nothing to tell, or every rank behind somewhere: no verdict
+    said = [f"group {g}: rank(s) {_list(ranks)} issued {fewest} collectives, others {most}"
+            for g, (ranks, fewest, most) in found.items()]  # fmt: skip
     return sorted(late), "; ".join(said) + ": the others wait for it"
 
 

@@ -95,19 +95,23 @@ def summarize(dump: Any) -> list[dict[str, Any]]:
     return out
 
 
-def behind(summaries: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[str, list[int]]:
-    """By process group: the ranks (of those summarised, by rank) that enqueued fewer
-    collectives than another rank of the group; empty where they all agree."""
+def enqueued(groups: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """From one rank's summary: the collectives it enqueued, by process group."""
+    return {str(g.get("group")): n for g in groups if isinstance(n := g.get("enqueued"), int)}
+
+
+def behind(enqueued: Mapping[int, Mapping[str, int]]) -> dict[str, tuple[list[int], int, int]]:
+    """By process group: the ranks (of those given, by rank) that enqueued fewer
+    collectives than another rank of the group, the fewest and the most; only the
+    groups where they differ."""
     counts: dict[str, dict[int, int]] = {}
-    for rank, groups in summaries.items():
-        for g in groups:
-            n = g.get("enqueued")
-            if isinstance(n, int):
-                counts.setdefault(str(g.get("group")), {})[rank] = n
+    for rank, groups in enqueued.items():
+        for group, n in groups.items():
+            counts.setdefault(group, {})[rank] = n
     found = {}
-    for pg, by_rank in counts.items():
+    for group, by_rank in sorted(counts.items()):
         most = max(by_rank.values())
         late = sorted(r for r, n in by_rank.items() if n < most)
         if late:
-            found[pg] = late
+            found[group] = (late, min(by_rank.values()), most)
     return found

@@ -242,7 +242,6 @@ def _parts(name: str) -> tuple[str, str, str]:
     return (parts[0], parts[1], parts[2]) if len(parts) == 3 else ("", "", "")
 
 
-
 def open_run(where: Path | str) -> Containment:
     """Create the run's cgroup at ``where`` and check that it holds and kills its
     processes; the fallback (and why) where it cannot. Blocks: run it off the loop."""

@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.core.flight import behind, summarize
+from supervisor.core.flight import behind, enqueued, summarize
 from supervisor.process.native import read_flight_dump
 
 HERE = Path(__file__).resolve().parent.parent / "fixtures" / "flight"
@@ -59,11 +59,14 @@ def test_a_torn_huge_or_missing_dump_is_a_reason_not_an_error(tmp_path: Path) ->
 
 
 def test_the_rank_that_issued_fewer_collectives_is_behind() -> None:
-    def group(enqueued: int) -> list[dict[str, Any]]:
-        return [{"group": "0", "enqueued": enqueued}, {"group": "7", "enqueued": 2}]
+    def group(n: int) -> list[dict[str, Any]]:
+        return [{"group": "0", "enqueued": n}, {"group": "7", "enqueued": 2},
+                {"group": "9", "enqueued": None}]  # fmt: skip
 
-    assert behind({0: group(5), 1: group(4), 2: group(5)}) == {"0": [1]}
-    assert behind({0: group(5), 1: group(5)}) == {}
+    counts = {rank: enqueued(group(n)) for rank, n in ((0, 5), (1, 4), (2, 5))}
+    assert counts[1] == {"0": 4, "7": 2}
+    assert behind(counts) == {"0": ([1], 4, 5)}
+    assert behind({0: enqueued(group(5)), 1: enqueued(group(5))}) == {}
 
 
 plain = st.recursive(
@@ -81,4 +84,4 @@ plain = st.recursive(
 @given(st.dictionaries(st.sampled_from(["pg_config", "pg_status", "entries", "version"]), plain) | plain)
 def test_any_plain_data_is_summarised_without_raising(dump: Any) -> None:
     groups = summarize(dump)
-    behind({0: groups, 1: groups})
+    behind({0: enqueued(groups), 1: enqueued(groups)})

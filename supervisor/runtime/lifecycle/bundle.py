@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from supervisor.core.blame import Blame
-from supervisor.core.flight import behind, summarize
+from supervisor.core.flight import behind, enqueued, summarize
 from supervisor.core.stacks import Reading
 from supervisor.core.watch import Hang
 from supervisor.process.native import (
@@ -103,10 +103,9 @@ async def flights(got: Gathered) -> Flights:
         return {}
 
 
-def enqueued(summaries: Flights) -> dict[int, dict[str, int]]:
+def enqueued_by_rank(summaries: Flights) -> dict[int, dict[str, int]]:
     """By local rank: the collectives enqueued per process group, for the blame."""
-    return {lr: {str(g["group"]): g["enqueued"] for g in groups if isinstance(g.get("enqueued"), int)}
-            for lr, (groups, why) in summaries.items() if why is None}  # fmt: skip
+    return {lr: enqueued(groups) for lr, (groups, why) in summaries.items() if why is None}
 
 
 def _rank_entry(
@@ -168,7 +167,9 @@ async def write(
                                     stacks=gen.stacks.get(lr), now=now, flight=summaries.get(lr))  # fmt: skip
         entries.append(entry)
         files.update(theirs)
-    late = behind({e["rank"]: e["flight_recorder_summary"] for e in entries if e["flight_recorder_summary"]})
+    summarised = [e for e in entries if e["flight_recorder_summary"]]
+    counts = {e["rank"]: enqueued(e["flight_recorder_summary"]) for e in summarised}
+    late = {group: ranks for group, (ranks, _, _) in behind(counts).items()}
     manifest = {
         "generation": gen.number,
         "declared_at": clock.wall() - (now - noticed),

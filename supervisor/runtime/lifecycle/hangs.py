@@ -52,7 +52,7 @@ async def name_hung(
         aftermath.collect_stacks(gen, monitor, stack_timeout, events), bundle.gather(gen, bundle_timeout)
     )
     summaries = await bundle.flights(got)  # NCCL's own account of who issued which collective
-    found = blame(aftermath.suspects(seen, readings, bundle.enqueued(summaries)), missed, noticed)
+    found = blame(aftermath.suspects(seen, readings, bundle.enqueued_by_rank(summaries)), missed, noticed)
     local = {s.rank: lr for lr, s in seen.items()}
     deadline_wall = clock.wall() - (clock.monotonic() - (noticed - missed.late_by))
     for rank in found.ranks:
