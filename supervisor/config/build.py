@@ -26,6 +26,7 @@ from supervisor.config.run import (
     parse_ranks_filter,
     parse_signals,
     parse_std,
+    ranks_torch_version,
     safe_name,
 )
 from supervisor.core.program import Program
@@ -142,9 +143,10 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
     checkpoint = checkpoints.from_namespace(ns, environ)
     log_dir = Path(ns.log_dir or "ft-supervisor-logs").absolute()
     run_id = _run_id(ns, rdzv)
+    program = _program(ns, environ)
     shutdown = ns.workers_stop_timeout if ns.workers_stop_timeout is not None else ns.shutdown_timeout
     return RunConfig(
-        program=_program(ns, environ),
+        program=program,
         topology=_first_place(nproc, ns.role, rdzv),
         max_restarts=ns.max_restarts,
         run_id=run_id,
@@ -169,6 +171,7 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         cgroups=not ns.no_cgroups,
         virtual_local_rank=ns.virtual_local_rank,
         log_level=hosting_config.log_level(ns.log_level, ft_config),
+        ranks_torch=ranks_torch_version(program.python, sys.executable) if program.kind != "exec" else None,
         ft=ft_config,
         policy=policy_config,
         rdzv=rdzv,

@@ -37,13 +37,14 @@ NATIVE_MAX = 512 * 1024  # bytes of py-spy output kept per rank
 PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
 DUMP_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
-# torch >= 2.8's names for the last two: they win over the old ones where both are set,
-# so a user's setting under either name stands. The daemon sets the old ones, which every
-# torch reads (2.11 with a deprecation warning: seen on an H200, where the dump came
-# where the daemon asked)
+# torch 2.9's names for the last two. torch reads both (the new ones first) but warns in
+# every rank about an old one that is set, even beside the new one: the daemon sets the
+# names the ranks' torch knows, and a user's setting under either name stands
 NEW_DUMP_ENV = "TORCH_FR_DUMP_TEMP_FILE"
 NEW_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
-FLIGHT_RECORDER = frozenset({PIPE_ENV, DUMP_ENV, BUFFER_ENV})  # what the daemon adds to torchrun's
+RENAMED_IN = (2, 9)
+# what the daemon may add to torchrun's environment
+FLIGHT_RECORDER = frozenset({PIPE_ENV, DUMP_ENV, BUFFER_ENV, NEW_DUMP_ENV, NEW_BUFFER_ENV})
 BUFFER_ENTRIES = "2000"  # torch's own default where it records at all
 SETTLED = 0.2  # a dump is complete once its size has not changed for this long
 FLIGHT_MAX = 64 * 1024 * 1024  # bytes of a Flight Recorder dump read (2000 entries: about 2 MB)
@@ -120,16 +121,33 @@ async def _end(proc: asyncio.subprocess.Process) -> None:
     await proc.wait()
 
 
-def flight_recorder_env(environ: Mapping[str, str], generation_dir: Path) -> dict[str, str]:
+def renamed(torch_version: str | None) -> bool:
+    """Whether this torch reads the Flight Recorder's new names (``TORCH_FR_*``);
+    an unknown version gets the old ones, which every torch reads."""
+    if not torch_version:
+        return False
+    try:
+        major, minor = (int(part) for part in torch_version.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= RENAMED_IN
+
+
+def flight_recorder_env(
+    environ: Mapping[str, str], generation_dir: Path, torch_version: str | None = None
+) -> dict[str, str]:
     """What a rank needs for its Flight Recorder to be dumped on our request into
-    the generation's directory; the user's own settings stand."""
+    the generation's directory, under the names its torch reads without a warning;
+    the user's own settings stand."""
+    new = renamed(torch_version)
     wanted = {
-        BUFFER_ENV: BUFFER_ENTRIES,
+        NEW_BUFFER_ENV if new else BUFFER_ENV: BUFFER_ENTRIES,
         PIPE_ENV: str(generation_dir / "nccl_pipe_rank_"),
-        DUMP_ENV: str(generation_dir / "nccl_trace_rank_"),
+        NEW_DUMP_ENV if new else DUMP_ENV: str(generation_dir / "nccl_trace_rank_"),
     }
+    pairs = ((DUMP_ENV, NEW_DUMP_ENV), (BUFFER_ENV, NEW_BUFFER_ENV))
     users = {k for k in wanted if k in environ}
-    users |= {old for old, new in ((DUMP_ENV, NEW_DUMP_ENV), (BUFFER_ENV, NEW_BUFFER_ENV)) if new in environ}
+    users |= {name for pair in pairs if environ.keys() & set(pair) for name in pair}
     return {k: v for k, v in wanted.items() if k not in users}
 
 

@@ -62,3 +62,32 @@ async def test_the_native_stacks_of_a_live_process() -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+@pytest.mark.parametrize(
+    ("torch_version", "buffer", "dump"),
+    [
+        ("2.13.0+cpu", native.NEW_BUFFER_ENV, native.NEW_DUMP_ENV),
+        ("2.9.1", native.NEW_BUFFER_ENV, native.NEW_DUMP_ENV),
+        ("2.8.0", native.BUFFER_ENV, native.DUMP_ENV),
+        ("2.1.2", native.BUFFER_ENV, native.DUMP_ENV),
+        (None, native.BUFFER_ENV, native.DUMP_ENV),  # unknown: the names every torch reads
+        ("nightly", native.BUFFER_ENV, native.DUMP_ENV),
+    ],
+)
+def test_the_flight_recorder_is_set_under_the_names_the_ranks_torch_reads(
+    tmp_path: Path, torch_version: str | None, buffer: str, dump: str
+) -> None:
+    env = native.flight_recorder_env({}, tmp_path, torch_version)
+    assert env == {
+        buffer: native.BUFFER_ENTRIES,
+        dump: str(tmp_path / "nccl_trace_rank_"),
+        native.PIPE_ENV: str(tmp_path / "nccl_pipe_rank_"),
+    }
+
+
+@pytest.mark.parametrize("given", [native.BUFFER_ENV, native.NEW_BUFFER_ENV])
+def test_a_users_flight_recorder_setting_under_either_name_stands(tmp_path: Path, given: str) -> None:
+    for version in ("2.13.0", "2.4.0"):
+        env = native.flight_recorder_env({given: "77"}, tmp_path, version)
+        assert not {native.BUFFER_ENV, native.NEW_BUFFER_ENV} & env.keys(), (version, env)

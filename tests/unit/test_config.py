@@ -1,4 +1,6 @@
 import signal
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +13,7 @@ from supervisor.config.run import (
     parse_ranks_filter,
     parse_signals,
     parse_std,
+    ranks_torch_version,
 )
 from supervisor.core.program import Program
 from supervisor.core.topology import Topology
@@ -80,3 +83,19 @@ def test_console_streams_follow_torchrun() -> None:
     assert redirected.console_streams(1) == (STDERR,)
     assert _config(redirects={0: 3}, tee={0: 2}).console_streams(0) == (STDERR,)
     assert _config(local_ranks_filter=frozenset({1})).console_streams(0) == ()
+
+
+def test_the_ranks_torch_version_is_read_from_metadata_without_importing_it(tmp_path: Path) -> None:
+    import importlib.metadata  # noqa: PLC0415
+
+    try:
+        installed: str | None = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    assert ranks_torch_version(sys.executable, sys.executable) == installed
+    # another interpreter is asked (here the same one under another name): same answer
+    other = tmp_path / "python"
+    other.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    other.chmod(0o755)
+    assert ranks_torch_version(str(other), sys.executable) == installed
+    assert ranks_torch_version(str(tmp_path / "no-python"), sys.executable) is None

@@ -162,7 +162,7 @@ class Launcher:
             error_file=str(files.error_file),
         )
         env.update(self._monitor_env())
-        env.update(flight_recorder_env(env, files.dir.parent))
+        env.update(flight_recorder_env(env, files.dir.parent, self.cfg.ranks_torch))
         rank = await spawn_rank(self.cfg.program, slot, env, files, now=self._clock.monotonic(),
                                 standby=standby, containment=self._placement(gen.number))  # fmt: skip
         gen.add(rank)
