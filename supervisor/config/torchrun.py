@@ -237,6 +237,12 @@ def installed(python: str, environ: Mapping[str, str]) -> Options:
     version = torch_version(python)
     if version is None or _public(version) == torchrun_table.TORCH_VERSION:
         return Options(version, TABLE, f"the table of torch {torchrun_table.TORCH_VERSION}")
+    return asked(python, environ, version)
+
+
+def asked(python: str, environ: Mapping[str, str], version: str) -> Options:
+    """torch ``version``'s options: from the cache, else from its parser (then cached),
+    else, when that fails, the table."""
     path = cache_dir(environ) / f"torchrun-options-{version}.json"
     cached = _cached(path)
     if cached is not None:
