@@ -284,7 +284,8 @@ def add_options(group: Any, options: Sequence[TorchrunOption], ours: Mapping[str
             kw = {"default": opt.default, "type": CONVERTERS.get(opt.type, str)}
             if opt.choices is not None:
                 kw["choices"] = list(opt.choices)
-        kw["help"] = argparse.SUPPRESS if opt.dest not in KNOWN else None
+        if opt.dest not in KNOWN:  # a newer torch's
+            kw["help"] = "an option of the ranks' torch unknown to ft-supervisor: accepted, not applied"
         kw.update(ours.get(opt.dest, {}))
         action = group.add_argument(*opt.flags, dest=opt.dest, **kw)
         if opt.env:
