@@ -114,8 +114,8 @@ def _ours() -> dict[str, dict[str, Any]]:
         "tee": {"help": "streams written to the log files and the console"},
         "local_ranks_filter": {"help": "only show these local ranks on the console"},
         "duplicate_stdout_filters": {
-            "help": "copy the ranks' stdout lines containing one of these comma-separated strings "
-            "to filtered_stdout.log in each generation's directory (',,' is a comma)"
+            "help": "copy the ranks' stdout lines shown on the console that contain one of these "
+            "comma-separated strings to filtered_stdout.log in each generation's directory (',,' is a comma)"
         },
         "duplicate_stderr_filters": {"help": "the same for stderr, to filtered_stderr.log"},
         "master_addr": {"default": None, "help": "address of rank 0 (MASTER_ADDR)"},
