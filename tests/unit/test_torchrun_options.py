@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import traceback
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,24 @@ def test_device_counts_are_torchs(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match=r"^--nproc-per-node xpu: Xpu is not available\.$"):
         parse_nproc("xpu", {}, sys.executable)
+
+
+def test_numa_binding_is_torchs_own_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where --numa-binding applies, a rank's bootstrap calls torch's own binding: torch's
+    function, by its private name, must be there and take our arguments. Here (no CUDA,
+    no numactl) torch itself refuses, as torchrun's ranks would; it binds nothing."""
+    from supervisor.process import bootstrap  # noqa: PLC0415
+
+    monkeypatch.setenv("FT_SUPERVISOR_NUMA_BINDING", "node")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    before = os.sched_getaffinity(0)
+    try:
+        bootstrap._bind_numa()
+    except (ImportError, AttributeError, TypeError, ValueError):
+        raise  # our call no longer fits torch's code
+    except Exception as exc:  # torch's own refusal on a node without CUDA or numactl
+        files = [frame.filename for frame in traceback.extract_tb(exc.__traceback__)]
+        assert any(f.endswith(os.path.join("torch", "numa", "binding.py")) for f in files), files
+    finally:
+        os.sched_setaffinity(0, before)
+    assert "FT_SUPERVISOR_NUMA_BINDING" not in os.environ
