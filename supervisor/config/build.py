@@ -7,19 +7,22 @@ failure is a ConfigError naming the option.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import math
+import shutil
 import sys
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from supervisor.config import checkpoints, ft, health, hosting, metrics, policy, stragglers
+from supervisor.config import checkpoints, ft, health, hosting, metrics, policy, stragglers, torchrun
 from supervisor.config.errors import ConfigError
 from supervisor.config.options import FINISHED_FLAG_ENV
 from supervisor.config.rendezvous import RdzvConfig, parse_conf
 from supervisor.config.run import (
     DEFAULT_SIGNALS,
     RunConfig,
+    count_gpus,
     default_preload,
     parse_nnodes,
     parse_nproc,
@@ -32,19 +35,11 @@ from supervisor.config.run import (
 from supervisor.core.program import Program
 from supervisor.core.topology import Topology
 
-_UNSUPPORTED = {
-    "event_log_handler": ("--event-log-handler", "null"),
-    "logs_specs": ("--logs-specs", None),
-    "numa_binding": ("--numa-binding", None),
-    "duplicate_stdout_filters": ("--duplicate-stdout-filters", None),
-    "duplicate_stderr_filters": ("--duplicate-stderr-filters", None),
-}
-
 
 def _rendezvous(ns: argparse.Namespace) -> RdzvConfig | None:
     """The rendezvous of a multi-node run; None for a single node (no rendezvous needed)."""
     lo, hi = parse_nnodes(ns.nnodes)
-    conf = parse_conf(ns.rdzv_conf)  # checked on a single node too: a typo is a typo
+    conf = parse_conf(ns.rdzv_conf, ns.rdzv_backend)  # checked on a single node too: a typo is a typo
     if ns.standalone and ns.rdzv_endpoint:
         raise ConfigError(
             f"--standalone starts its own local store; it contradicts --rdzv-endpoint {ns.rdzv_endpoint}"
@@ -59,7 +54,7 @@ def _rendezvous(ns: argparse.Namespace) -> RdzvConfig | None:
     if not endpoint and ns.rdzv_backend == "static" and ns.master_addr and ns.master_port:
         endpoint = f"{ns.master_addr}:{ns.master_port}"  # torchrun's static default
     return RdzvConfig(
-        backend=ns.rdzv_backend,
+        backend="etcd-v2" if ns.rdzv_backend == "etcd" else ns.rdzv_backend,
         endpoint=endpoint,
         run_id=_given_run_id(ns) or "none",  # every node must name the same job
         min_nodes=lo,
@@ -70,18 +65,41 @@ def _rendezvous(ns: argparse.Namespace) -> RdzvConfig | None:
     )
 
 
-def _check_unsupported(ns: argparse.Namespace) -> None:
-    for dest, (option, accepted) in _UNSUPPORTED.items():
-        value = getattr(ns, dest)
-        if value is not None and value != accepted:
-            raise ConfigError(f"{option} is not supported by ft-supervisor")
+def _torchrun_ignored(ns: argparse.Namespace, environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The torchrun options given that have no effect here, each with why."""
+    found = getattr(ns, "torchrun_options", None) or torchrun.Options(None, torchrun.TABLE, "the table")
+    if ns.logs_specs is not None:
+        _check_logs_specs(ns.logs_specs)
+    gpus = count_gpus(environ) if ns.numa_binding is not None else 0
+    return torchrun.ignored(
+        vars(ns), found, numa=torchrun.numa_nodes(), gpus=gpus, several_nodes=parse_nnodes(ns.nnodes)[1] > 1
+    )
+
+
+def _numa_binding(ns: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """torchrun's --numa-binding mode where it means something: GPUs on several NUMA nodes
+    (elsewhere it is reported as ignored)."""
+    if ns.numa_binding is None or torchrun.numa_nodes() < 2 or count_gpus(environ) == 0:
+        return None
+    if shutil.which("numactl") is None:  # torch's binding checks for it and fails every rank
+        raise ConfigError(f"--numa-binding {ns.numa_binding}: torch's NUMA binding needs numactl (not found)")
+    return str(ns.numa_binding)
+
+
+def _check_logs_specs(name: str) -> None:
+    """torchrun loads a LogsSpecs class by its entry point name; a name that none has is its error."""
+    group = importlib.metadata.entry_points(group="torchrun.logs_specs")
+    if not group.select(name=name):
+        known = ", ".join(sorted(ep.name for ep in group)) or "none installed"
+        raise ConfigError(f"--logs-specs {name!r}: no torchrun.logs_specs entry point by that name ({known})")
 
 
 def _program(ns: argparse.Namespace, environ: Mapping[str, str]) -> Program:
-    if ns.no_python and ns.module:
+    if ns.no_python and ns.module and not ns.run_path:
         raise ConfigError("--no-python and -m/--module contradict each other: use one")
-    kind = "exec" if ns.no_python else "module" if ns.module else "script"
-    python = environ.get("PYTHON_EXEC", sys.executable)
+    # torchrun's --run-path runs the script in its own interpreter, over --no-python and -m
+    kind = "script" if ns.run_path else "exec" if ns.no_python else "module" if ns.module else "script"
+    python = sys.executable if ns.run_path else environ.get("PYTHON_EXEC", sys.executable)
     if ns.preload == "auto":
         preload = default_preload(python, sys.executable) if kind != "exec" else ()
     elif ns.preload.strip().lower() in ("", "none"):
@@ -127,8 +145,8 @@ def _positive(option: str, value: float, *, zero_ok: bool = True) -> float:
 
 def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunConfig:
     rdzv = _rendezvous(ns)
-    _check_unsupported(ns)
-    nproc = parse_nproc(ns.nproc_per_node, environ)
+    nproc = parse_nproc(ns.nproc_per_node, environ, environ.get("PYTHON_EXEC", sys.executable))
+    torchrun_ignored = _torchrun_ignored(ns, environ)
     if ns.max_restarts < 0:
         raise ConfigError(f"--max-restarts {ns.max_restarts}: must be >= 0")
     if ns.master_port is not None and not 0 < ns.master_port < 65536:
@@ -180,6 +198,10 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         checkpoint=checkpoint,
         health=health.from_namespace(ns, environ),
         stragglers=stragglers.from_namespace(ns, environ),
+        numa_binding=_numa_binding(ns, environ),
+        duplicate_stdout=tuple(ns.duplicate_stdout_filters),
+        duplicate_stderr=tuple(ns.duplicate_stderr_filters),
+        torchrun_ignored=torchrun_ignored,
     )
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
-from supervisor.config import checkpoints, ft, health, hosting, metrics, policy, stragglers
+from supervisor.config import checkpoints, ft, health, hosting, metrics, policy, stragglers, torchrun
 from supervisor.config.run import DEFAULT_SIGNALS
 
 FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"  # nvidia-resiliency-ext's auto-resume contract
@@ -70,80 +71,10 @@ def hide_the_rest(p: argparse.ArgumentParser) -> int:
 def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--help-all", action=_HelpAll, help="show every option, not only the essential ones")
     g = p.add_argument_group("torchrun options")
-    _opt(
-        g,
-        "--nnodes",
-        default="1:1",
-        help="number of nodes, N or MIN:MAX (a node beyond MAX waits as a spare)",
-    )
-    _opt(g, "--nproc-per-node", default="1", help="ranks on this node: an integer, cpu, gpu or auto")
-    _opt(g, "--node-rank", type=int, default=0, help="rank of this node (static backend; others assign it)")
-    _opt(g, "--standalone", action="store_true", help="single-node run with a local store on a free port")
-    _opt(g, "--rdzv-backend", default="static", help="rendezvous backend: c10d, static or etcd-v2")
-    _opt(g, "--rdzv-endpoint", default="", help="rendezvous endpoint HOST:PORT")
-    _opt(g, "--rdzv-id", default=None, help="run id (TORCHELASTIC_RUN_ID); default: a fresh uuid")
+    found = torchrun.installed(os.environ.get("PYTHON_EXEC", sys.executable), os.environ)
+    torchrun.add_options(g, found.options, _ours())
     _opt(g, "--run-id", default=None, help="alias of --rdzv-id")
-    _opt(
-        g,
-        "--rdzv-conf",
-        default="",
-        help="rendezvous configuration key=value,...: join_timeout, last_call_timeout, close_timeout, "
-        "keep_alive_interval, keep_alive_max_attempt, is_host, read_timeout",
-    )
-    _opt(g, "--max-restarts", type=int, default=0, help="restarts allowed to the whole job before failing")
-    _opt(g, "--monitor-interval", type=float, default=0.1, help="accepted; exits are noticed at once")
-    _opt(
-        g,
-        "--start-method",
-        default="spawn",
-        choices=["spawn", "fork", "forkserver"],
-        help="accepted; ranks always start through the ft-supervisor bootstrap",
-    )
-    _opt(g, "--role", default="default", help="role name of the ranks (ROLE_NAME)")
-    _opt(g, "-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
-    _opt(g, "--no-python", action="store_true", help="exec SCRIPT directly instead of with python")
-    _opt(g, "--run-path", action="store_true", help="accepted; the script always runs as __main__")
-    _opt(g, "--log-dir", default=None, help="base directory for logs (default ./ft-supervisor-logs)")
-    _opt(g, "-r", "--redirects", default="0", help="streams shown only in the log files: 0-3 or 0:1,1:2")
-    _opt(g, "-t", "--tee", default="0", help="streams written to the log files and the console")
-    _opt(g, "--local-ranks-filter", default="", help="only show these local ranks on the console")
-    _opt(g, "--master-addr", default=None, help="address of rank 0 (MASTER_ADDR)")
-    _opt(
-        g,
-        "--master-port",
-        type=int,
-        default=None,
-        help="port of rank 0's store; default: a fresh free port every generation",
-    )
-    _opt(g, "--local-addr", default=None, help="address of this node")
-    _opt(
-        g,
-        "--signals-to-handle",
-        default=DEFAULT_SIGNALS,
-        action=hosting.StoreGiven,
-        help="signals that stop the run (SIGHUP reloads instead when there is a config file)",
-    )
-    _opt(
-        g,
-        "--shutdown-timeout",
-        type=float,
-        default=float(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")),
-        help="seconds between SIGTERM and SIGKILL when stopping ranks",
-    )
-    _opt(
-        g,
-        "--virtual-local-rank",
-        action="store_true",
-        help="LOCAL_RANK=0 for every rank, each seeing only its own device",
-    )
-    for name in (
-        "--event-log-handler",
-        "--logs-specs",
-        "--numa-binding",
-        "--duplicate-stdout-filters",
-        "--duplicate-stderr-filters",
-    ):
-        _opt(g, name, default=None, help=argparse.SUPPRESS)
+    p.set_defaults(torchrun_options=found)
     add_supervisor_options(p.add_argument_group("ft-supervisor options"))
     ft.add_options(p.add_argument_group("hang detection (nvidia-resiliency-ext --ft-* names)"))
     policy.add_options(p.add_argument_group("failure policy: exit codes, rules, plugins"))
@@ -152,6 +83,58 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     checkpoints.add_options(p.add_argument_group("checkpoint sync: LOCAL to DEST, copy-back at start"))
     health.add_options(p.add_argument_group("node health: a ledger across runs, and quarantine"))
     stragglers.add_options(p.add_argument_group("stragglers: ranks slower than the node's others"))
+
+
+def _ours() -> dict[str, dict[str, Any]]:
+    """Our help for torchrun's options, and where our meaning differs from torch's
+    declaration, our default, type or action (torch's defaults are used otherwise)."""
+    return {
+        "nnodes": {"help": "number of nodes, N or MIN:MAX (a node beyond MAX waits as a spare)"},
+        "nproc_per_node": {"help": "ranks on this node: an integer, cpu, gpu, xpu or auto"},
+        "node_rank": {"help": "rank of this node (static backend; others assign it)"},
+        "standalone": {"help": "single-node run with a local store on a free port"},
+        "rdzv_backend": {"help": "rendezvous backend: c10d, static, etcd-v2 (or etcd, run as etcd-v2)"},
+        "rdzv_endpoint": {"help": "rendezvous endpoint HOST:PORT"},
+        # None: not given (torch's "none"), so that --run-id can say it instead
+        "rdzv_id": {"default": None, "help": "run id (TORCHELASTIC_RUN_ID); default: a fresh uuid"},
+        "rdzv_conf": {
+            "help": "rendezvous configuration key=value,...: join_timeout, last_call_timeout, "
+            "close_timeout, keep_alive_interval, keep_alive_max_attempt, is_host, read_timeout"
+        },
+        "max_restarts": {"help": "restarts allowed to the whole job before failing"},
+        "monitor_interval": {"help": "accepted and ignored: exits are noticed at once"},
+        "start_method": {"help": "accepted and ignored: ranks start through the ft-supervisor bootstrap"},
+        "event_log_handler": {"help": "accepted and ignored: the run's events go to its events.jsonl"},
+        "role": {"help": "role name of the ranks (ROLE_NAME)"},
+        "module": {"help": "run SCRIPT as a module, like python -m"},
+        "no_python": {"help": "exec SCRIPT directly instead of with python"},
+        "run_path": {"help": "run SCRIPT as __main__ in the rank's interpreter (over --no-python)"},
+        "log_dir": {"help": "base directory for logs (default ./ft-supervisor-logs)"},
+        "redirects": {"help": "streams shown only in the log files: 0-3 or 0:1,1:2"},
+        "tee": {"help": "streams written to the log files and the console"},
+        "local_ranks_filter": {"help": "only show these local ranks on the console"},
+        "duplicate_stdout_filters": {
+            "help": "copy the ranks' stdout lines shown on the console that contain one of these "
+            "comma-separated strings to filtered_stdout.log in each generation's directory (',,' is a comma)"
+        },
+        "duplicate_stderr_filters": {"help": "the same for stderr, to filtered_stderr.log"},
+        "master_addr": {"default": None, "help": "address of rank 0 (MASTER_ADDR)"},
+        "master_port": {"help": "port of rank 0's store; default: a fresh free port every generation"},
+        "local_addr": {"help": "address of this node"},
+        "logs_specs": {"help": "accepted and reported: each rank's output goes to its own log files"},
+        "numa_binding": {"help": "bind each rank's CPUs to its GPU's NUMA node (torch's modes)"},
+        "signals_to_handle": {
+            "default": DEFAULT_SIGNALS,
+            "action": hosting.StoreGiven,
+            "help": "signals that stop the run (SIGHUP reloads instead when there is a config file)",
+        },
+        "shutdown_timeout": {
+            "type": float,
+            "default": float(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")),
+            "help": "seconds between SIGTERM and SIGKILL when stopping ranks",
+        },
+        "virtual_local_rank": {"help": "LOCAL_RANK=0 for every rank, each seeing only its own device"},
+    }
 
 
 def add_supervisor_options(f: Any) -> None:

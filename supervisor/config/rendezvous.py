@@ -15,6 +15,15 @@ from dataclasses import dataclass, field
 from supervisor.config.errors import ConfigError
 
 BACKENDS = ("c10d", "static", "etcd-v2")
+# torch's older etcd backend (torchrun --rdzv-backend etcd) runs as etcd-v2, on the same
+# etcd server: its --rdzv-conf keys under etcd-v2's names (None: no equivalent, dropped)
+ETCD_KEYS: dict[str, str | None] = {
+    "cert": "ssl_cert",
+    "key": "ssl_cert_key",
+    "cacert": "ca_cert",
+    "timeout": "join_timeout",
+    "etcd_prefix": None,
+}
 
 # torch's defaults (dynamic_rendezvous.RendezvousTimeout and create_handler)
 INT_KEYS: dict[str, int | None] = {
@@ -32,13 +41,19 @@ STR_KEYS = ("store_type", "protocol", "ssl_cert", "ssl_cert_key", "ca_cert")
 _TRUE, _FALSE = ("1", "true", "t", "yes", "y"), ("0", "false", "f", "no", "n")
 
 
-def parse_conf(value: str) -> dict[str, str]:
-    """``--rdzv-conf join_timeout=60,is_host=1``: every key known, every value well formed."""
+def parse_conf(value: str, backend: str = "c10d") -> dict[str, str]:
+    """``--rdzv-conf join_timeout=60,is_host=1``: every key known, every value well formed.
+    For ``backend`` etcd, its own keys are read under etcd-v2's names."""
     conf: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in value.split(","))):
         key, sep, raw = (s.strip() for s in item.partition("="))
         if not key or not sep or not raw:
             raise ConfigError(f"--rdzv-conf {value!r}: {item!r} is not key=value")
+        if backend == "etcd" and key in ETCD_KEYS:
+            renamed = ETCD_KEYS[key]
+            if renamed is None:
+                continue
+            key = renamed
         if key in INT_KEYS:
             if not raw.isdigit() or int(raw) < 1:
                 raise ConfigError(f"--rdzv-conf {key}={raw}: expected a whole number of seconds >= 1")
@@ -65,7 +80,8 @@ class RdzvConfig:
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
-            raise ConfigError(f"--rdzv-backend {self.backend!r}: expected one of {', '.join(BACKENDS)}")
+            accepted = ", ".join((*BACKENDS, "etcd"))  # etcd arrives here as etcd-v2
+            raise ConfigError(f"--rdzv-backend {self.backend!r}: expected one of {accepted}")
         if not 0 < self.min_nodes <= self.max_nodes:
             raise ConfigError(f"--nnodes {self.min_nodes}:{self.max_nodes}: need 0 < MIN <= MAX")
         if not self.endpoint:

@@ -53,7 +53,10 @@ def parse_std(option: str, value: str, nproc: int) -> dict[int, int]:
     return spec
 
 
-def parse_nproc(value: str, environ: Mapping[str, str]) -> int:
+def parse_nproc(value: str, environ: Mapping[str, str], python: str | None = None) -> int:
+    """torchrun's --nproc-per-node. An integer, cpu, gpu and auto are read here; another
+    device name (xpu, the PrivateUse1 backend's) only the ranks' torch can count: it is
+    asked (``python``, the ranks' interpreter), once, as torchrun would."""
     value = value.strip()
     if re.fullmatch(r"\d+", value):
         n = int(value)
@@ -69,7 +72,38 @@ def parse_nproc(value: str, environ: Mapping[str, str]) -> int:
         if value == "gpu":
             raise ConfigError("--nproc-per-node gpu: no CUDA device is visible on this node")
         return len(os.sched_getaffinity(0))
-    raise ConfigError(f"--nproc-per-node {value!r}: expected an integer, cpu, gpu or auto")
+    if python is not None and re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", value):
+        return _torch_counts(value, python)
+    raise ConfigError(f"--nproc-per-node {value!r}: expected an integer, cpu, gpu, xpu or auto")
+
+
+# torchrun's own count (determine_local_world_size), errors included, by the ranks' torch
+_COUNT = """
+import logging, sys
+logging.disable(logging.CRITICAL)
+try:
+    from torch.distributed.run import determine_local_world_size
+    print(determine_local_world_size(sys.argv[1]))
+except Exception as exc:
+    print(str(exc) or type(exc).__name__, file=sys.stderr)
+    sys.exit(1)
+"""
+
+
+def _torch_counts(value: str, python: str) -> int:
+    try:
+        out = subprocess.run(
+            [python, "-c", _COUNT, value], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(f"--nproc-per-node {value}: the ranks' torch counted nothing: {exc}") from None
+    lines = (out.stdout if out.returncode == 0 else out.stderr).strip().splitlines()
+    last = lines[-1] if lines else f"exit code {out.returncode}"
+    if out.returncode != 0 or not last.isdigit() or int(last) < 1:
+        if last.startswith("Unsupported nproc_per_node value"):  # not a device type torch knows
+            raise ConfigError(f"--nproc-per-node {value!r}: expected an integer, cpu, gpu, xpu or auto")
+        raise ConfigError(f"--nproc-per-node {value}: {last}")
+    return int(last)
 
 
 def count_gpus(environ: Mapping[str, str]) -> int:
@@ -204,6 +238,12 @@ class RunConfig:
     checkpoint: CheckpointConfig | None = None  # None: no checkpoint sync
     health: HealthConfig = field(default_factory=HealthConfig)  # the node's ledger across runs
     stragglers: StragglerSettings = field(default_factory=StragglerSettings)  # --straggler-*
+    numa_binding: str | None = None  # torchrun's --numa-binding mode, where it applies (GPUs, NUMA nodes)
+    # torchrun's --duplicate-stdout-filters / --duplicate-stderr-filters
+    duplicate_stdout: tuple[str, ...] = ()
+    duplicate_stderr: tuple[str, ...] = ()
+    # torchrun options given that have no effect here: (option and value, why)
+    torchrun_ignored: tuple[tuple[str, str], ...] = ()
 
     def console_streams(self, local_rank: int) -> tuple[int, ...]:
         """Streams of a local rank shown on the console (torchrun's rules)."""
@@ -216,6 +256,10 @@ class RunConfig:
             if not redirected & bit or teed & bit:
                 shown.append(stream)
         return tuple(shown)
+
+    def duplicate_filters(self, stream: int) -> tuple[str, ...]:
+        """The strings whose lines of ``stream`` are copied to its filtered_*.log."""
+        return self.duplicate_stdout if stream == STDOUT else self.duplicate_stderr
 
     @property
     def signals_to_handle(self) -> str:

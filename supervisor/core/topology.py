@@ -31,6 +31,8 @@ ENV_NOFILE = ENV_PREFIX + "NOFILE"
 # client knows which sections are monitored and what state_dict() returns
 ENV_RANKS_ENDPOINT = ENV_PREFIX + "RANKS_ENDPOINT"
 ENV_TIMEOUTS = ENV_PREFIX + "TIMEOUTS"
+# torchrun's --numa-binding mode: the rank's bootstrap binds it with torch's own code
+ENV_NUMA_BINDING = ENV_PREFIX + "NUMA_BINDING"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,7 @@ class RunIdentity:
     run_dir: str
     run_token: str
     virtual_local_rank: bool = False
+    numa_binding: str | None = None  # torchrun's --numa-binding, where it applies
     key_secret: bytes = b""  # the daemon's own: every rank's key is derived from it
 
 
@@ -117,6 +120,8 @@ def rank_env(
         }
     )
     env.update(_local_rank_env(base, slot.local_rank, ident.virtual_local_rank))
+    if ident.numa_binding:
+        env[ENV_NUMA_BINDING] = ident.numa_binding
     return env
 
 

@@ -47,6 +47,7 @@ import sys
 _PR_SET_PDEATHSIG = 1
 _CAP_SYS_NICE = 23  # capabilities(7)
 _NOFILE_ENV = "FT_SUPERVISOR_NOFILE"  # the open-files limit the daemon was given (see daemon.py)
+_NUMA_ENV = "FT_SUPERVISOR_NUMA_BINDING"  # torchrun's --numa-binding mode (core.topology)
 # Frames that belong to the launch machinery, not to the user's program.
 _LAUNCH_FILES = frozenset({os.path.abspath(__file__), "<frozen runpy>"})
 
@@ -144,6 +145,27 @@ def _preload(modules: str, fd: int) -> None:
     if os.environ != environ:
         os.environ.clear()
         os.environ.update(environ)
+
+
+def _bind_numa() -> None:
+    """torchrun's --numa-binding, by torch's own code, as torchrun applies it to a rank:
+    every thread's CPUs to those the mode gives the NUMA node of GPU LOCAL_RANK (with
+    --virtual-local-rank, LOCAL_RANK 0 is the one GPU the rank sees). Before the go: a
+    standby is bound while it waits; an exec'd program inherits the affinity. A failure
+    raises, as under torchrun."""
+    mode = os.environ.pop(_NUMA_ENV, "")
+    if not mode:
+        return
+    from torch.numa.binding import (  # noqa: PLC0415
+        AffinityMode,
+        NumaOptions,
+        _maybe_apply_numa_binding_to_current_process,
+    )
+
+    _maybe_apply_numa_binding_to_current_process(
+        gpu_index=int(os.environ.get("LOCAL_RANK", "0")),
+        numa_options=NumaOptions(affinity_mode=AffinityMode(mode)),
+    )
 
 
 def _await_go(fd: int) -> dict[str, str] | None:
@@ -278,6 +300,7 @@ def main(argv: list[str]) -> None:
     if kind != "exec":
         sys.path[0] = _path0(kind, target)
         _preload(preload, int(boot_fd))
+    _bind_numa()
     env = _await_go(int(boot_fd))
     if env is None:
         sys.exit(0)

@@ -67,6 +67,8 @@ class _Followed:
     fd: int = -1
     partial: bytes = field(default=b"")
     consumed: int = 0  # bytes read so far
+    duplicate: tuple[bytes, ...] = ()  # torchrun's --duplicate-std*-filters: lines containing one
+    into: Path | None = None  # where those lines are copied
 
 
 class LogFollower:
@@ -76,12 +78,25 @@ class LogFollower:
         self._console = console
         self._tears_down = tears_down
         self._files: list[_Followed] = []
+        self._copies: dict[Path, int] = {}  # the open --duplicate-std*-filters files
         self.notable: dict[int, Notable] = {}
         self.after_exit: dict[int, tuple[str, ...]] = {}  # of the last finished generation
 
-    def follow(self, rank: int, path: Path, stream: int, *, show: bool = True) -> None:
-        """Read ``path`` as it grows; copy it to the console when ``show``."""
-        self._files.append(_Followed(rank, f"[rank {rank}] ".encode(), path, stream, show))
+    def follow(
+        self,
+        rank: int,
+        path: Path,
+        stream: int,
+        *,
+        show: bool = True,
+        duplicate: tuple[str, ...] = (),
+        into: Path | None = None,
+    ) -> None:
+        """Read ``path`` as it grows; copy it to the console when ``show``, and the
+        lines shown that contain one of ``duplicate`` to ``into`` as well."""
+        needles = tuple(n.encode() for n in duplicate) if show and into is not None else ()
+        prefix = f"[rank {rank}] ".encode()
+        self._files.append(_Followed(rank, prefix, path, stream, show, duplicate=needles, into=into))
         self.notable.setdefault(rank, Notable(tears_down=self._tears_down))
 
     def poll(self) -> None:
@@ -104,7 +119,23 @@ class LogFollower:
                 continue
             if f.show:
                 self._console.write(f.stream, b"".join(f.prefix + ln + b"\n" for ln in lines))
+            if f.duplicate:
+                self._duplicate(f, lines)
             self._notice(f.rank, lines)
+
+    def _duplicate(self, f: _Followed, lines: list[bytes]) -> None:
+        """torchrun's filtered_stdout.log / filtered_stderr.log: the lines with a needle."""
+        kept = b"".join(f.prefix + ln + b"\n" for ln in lines if any(n in ln for n in f.duplicate))
+        if not kept or f.into is None:
+            return
+        fd = self._copies.get(f.into)
+        try:
+            if fd is None:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+                fd = self._copies[f.into] = os.open(f.into, flags, 0o644)
+            os.write(fd, kept)
+        except OSError:
+            f.duplicate = ()  # a full disk: the copy stops, supervision does not
 
     def exited(self, rank: int) -> dict[Path, int]:
         """The rank's process is gone: read what it wrote, and say how far its files
@@ -136,10 +167,15 @@ class LogFollower:
             if f.partial:
                 if f.show:
                     self._console.write(f.stream, f.prefix + f.partial + b"\n")
+                if f.duplicate:
+                    self._duplicate(f, [f.partial])
                 self._notice(f.rank, [f.partial])
             if f.fd >= 0:
                 os.close(f.fd)
         self._files.clear()
+        for fd in self._copies.values():
+            os.close(fd)
+        self._copies.clear()
         found = {rank: n.lines() for rank, n in self.notable.items()}
         self.after_exit = {rank: tuple(n.after_exit) for rank, n in self.notable.items() if n.after_exit}
         self.notable = {}

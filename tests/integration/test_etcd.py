@@ -82,10 +82,10 @@ def cluster(tmp_path: Path) -> Iterator[list[Member]]:
                 m.proc.wait(10)
 
 
-def node(member: Member) -> list[str]:
+def node(member: Member, backend: str = "etcd-v2") -> list[str]:
     conf = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1,join_timeout=60"
     return [
-        "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "etcd-v2",
+        "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", backend,
         "--rdzv-endpoint", f"127.0.0.1:{member.client}", "--local-addr", "127.0.0.1",
         "--rdzv-conf", conf, "--max-restarts", "3", "--no-standby", "--preload", "none",
     ]  # fmt: skip
@@ -108,7 +108,11 @@ def test_the_job_rides_out_the_etcd_leader_dying(cluster: list[Member], start, t
     gate = tmp_path / "gate"
     gate.mkdir()
     (gate / "go-0").touch()
-    daemons = [start(*node(follower), GATED, "--fail-in", "0,1", "--gate", str(gate)) for _ in range(2)]
+    # torchrun's older etcd backend is served as etcd-v2: the two spellings form one job
+    daemons = [
+        start(*node(follower, backend), GATED, "--fail-in", "0,1", "--gate", str(gate))
+        for backend in ("etcd-v2", "etcd")
+    ]
     for d in daemons:
         running(d, 1)
     assert leader.proc is not None
@@ -122,3 +126,5 @@ def test_the_job_rides_out_the_etcd_leader_dying(cluster: list[Member], start, t
     for d in daemons:
         assert [e["generation"] for e in d.events("generation_started")] == [0, 1, 2], d.story()
         assert not d.events("internal_error"), d.story()
+    (ignored,) = daemons[1].events("settings_ignored")
+    assert [o["option"] for o in ignored["options"]] == ["--rdzv-backend etcd"]

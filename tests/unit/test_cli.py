@@ -59,7 +59,7 @@ def script(tmp_path: Path) -> Path:
         (["--redirects", "9"], "--redirects '9': expected 0-3"),
         (["--signals-to-handle", "SIGFOO"], "unknown signal 'SIGFOO'"),
         (["--kill-timeout", "0"], "--kill-timeout 0.0: must be > 0"),
-        (["--numa-binding", "node"], "--numa-binding is not supported"),
+        (["--logs-specs", "nosuch"], "--logs-specs 'nosuch': no torchrun.logs_specs entry point"),
         (["--start-method", "thread"], "invalid choice: 'thread'"),
         (["--autoresume"], "--autoresume needs the file to create: --finished-flag-file PATH"),
         (["--save-timeout", "-1"], "--save-timeout -1.0: must be >= 0"),

@@ -36,7 +36,7 @@ def test_nproc_forms() -> None:
     assert parse_nproc("gpu", {"CUDA_VISIBLE_DEVICES": "3"}) == 1
     with pytest.raises(ConfigError, match="at least 1"):
         parse_nproc("0", {})
-    with pytest.raises(ConfigError, match="integer, cpu, gpu or auto"):
+    with pytest.raises(ConfigError, match="integer, cpu, gpu, xpu or auto"):
         parse_nproc("many", {})
     with pytest.raises(ConfigError, match="no CUDA device"):
         parse_nproc("gpu", {"CUDA_VISIBLE_DEVICES": ""})

@@ -144,6 +144,7 @@ class Supervisor:
             run_dir=str(self.rundir.root),
             run_token=self.token,
             virtual_local_rank=self.cfg.virtual_local_rank,
+            numa_binding=self.cfg.numa_binding,
             key_secret=self._key_secret,
         )
         self._launcher = Launcher(
@@ -263,8 +264,12 @@ class Supervisor:
             policy=self.cfg.policy.policy.to_json(),
             restart_window=self.cfg.policy.restart_window,
         )
-        if self.cfg.ft.ignored:
-            self.events.emit("settings_ignored", logging.WARNING, settings=list(self.cfg.ft.ignored))
+        if self.cfg.ft.ignored or self.cfg.torchrun_ignored:
+            # one event: the nvidia-resiliency-ext settings, and the torchrun options each with why
+            options = [{"option": given, "why": why} for given, why in self.cfg.torchrun_ignored]
+            self.events.emit(
+                "settings_ignored", logging.WARNING, settings=list(self.cfg.ft.ignored), options=options
+            )
 
     # -- the loop -----------------------------------------------------------------
 

@@ -261,7 +261,12 @@ class Launcher:
         for lr, rank in gen.ranks.items():
             shown = self.cfg.console_streams(lr)
             for stream, path in ((log.STDOUT, rank.files.stdout), (log.STDERR, rank.files.stderr)):
-                self._follower.follow(rank.slot.rank, path, stream, show=stream in shown)
+                # torchrun's --duplicate-std*-filters: one file per generation, as its per attempt
+                needles = self.cfg.duplicate_filters(stream)
+                into = path.parent.parent / f"filtered_{path.name}" if needles else None
+                self._follower.follow(
+                    rank.slot.rank, path, stream, show=stream in shown, duplicate=needles, into=into
+                )
         gen.start()
 
     async def discard(self, upcoming: asyncio.Task[Generation | None]) -> None:
