@@ -29,7 +29,6 @@ from supervisor.config.run import (
     parse_ranks_filter,
     parse_signals,
     parse_std,
-    ranks_torch_version,
     safe_name,
 )
 from supervisor.core.program import Program
@@ -189,7 +188,7 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         cgroups=not ns.no_cgroups,
         virtual_local_rank=ns.virtual_local_rank,
         log_level=hosting_config.log_level(ns.log_level, ft_config),
-        ranks_torch=ranks_torch_version(program.python, sys.executable) if program.kind != "exec" else None,
+        ranks_torch=torchrun.torch_version(program.python) if program.kind != "exec" else None,
         ft=ft_config,
         policy=policy_config,
         rdzv=rdzv,

@@ -7,7 +7,6 @@ option and the expected form.
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
 import re
@@ -166,34 +165,6 @@ def safe_name(name: str) -> str:
     """A run id as a single, harmless path component."""
     cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     return cleaned.strip(".") or "run"
-
-
-def ranks_torch_version(python: str, current: str) -> str | None:
-    """The version of the torch the ranks' interpreter imports, from its package
-    metadata (never by importing torch: 200 MB in the daemon); None without torch.
-
-    torch renames environment variables between releases and warns, in every rank,
-    about the old names: what the daemon sets for the ranks follows this version."""
-    if python == current:
-        try:
-            return importlib.metadata.version("torch")
-        except importlib.metadata.PackageNotFoundError:
-            return None
-    try:  # another interpreter (PYTHON_EXEC): ask it, as cheaply as it can answer
-        out = subprocess.run(
-            [python, "-I", "-c", _TORCH_VERSION_PROBE],
-            capture_output=True, text=True, timeout=10, check=False, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
-_TORCH_VERSION_PROBE = (
-    "import importlib.metadata as m\n"
-    "try: print(m.version('torch'))\n"
-    "except m.PackageNotFoundError: pass"
-)
 
 
 def default_preload(python: str, current: str) -> tuple[str, ...]:

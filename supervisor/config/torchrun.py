@@ -171,7 +171,9 @@ def _public(version: str) -> str:
 
 
 def torch_version(python: str) -> str | None:
-    """The torch version of the ranks' interpreter, from package metadata (no import)."""
+    """The torch version of the ranks' interpreter, from package metadata (no import:
+    200 MB in the daemon); None without torch. What the daemon sets for the ranks
+    follows it too: torch renames variables and warns in every rank about the old names."""
     if os.path.realpath(python) == os.path.realpath(sys.executable):
         try:
             return importlib.metadata.version("torch")
@@ -180,7 +182,12 @@ def torch_version(python: str) -> str | None:
     code = "import importlib.metadata as m\ntry: print(m.version('torch'))\nexcept Exception: pass"
     try:
         out = subprocess.run(
-            [python, "-c", code], capture_output=True, text=True, timeout=INTROSPECT_TIMEOUT, check=False
+            [python, "-I", "-c", code],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=INTROSPECT_TIMEOUT,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

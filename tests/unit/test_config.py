@@ -13,8 +13,8 @@ from supervisor.config.run import (
     parse_ranks_filter,
     parse_signals,
     parse_std,
-    ranks_torch_version,
 )
+from supervisor.config.torchrun import torch_version
 from supervisor.core.program import Program
 from supervisor.core.topology import Topology
 from supervisor.log import STDERR, STDOUT
@@ -92,10 +92,10 @@ def test_the_ranks_torch_version_is_read_from_metadata_without_importing_it(tmp_
         installed: str | None = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         installed = None
-    assert ranks_torch_version(sys.executable, sys.executable) == installed
+    assert torch_version(sys.executable) == installed
     # another interpreter is asked (here the same one under another name): same answer
     other = tmp_path / "python"
     other.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     other.chmod(0o755)
-    assert ranks_torch_version(str(other), sys.executable) == installed
-    assert ranks_torch_version(str(tmp_path / "no-python"), sys.executable) is None
+    assert torch_version(str(other)) == installed
+    assert torch_version(str(tmp_path / "no-python")) is None
