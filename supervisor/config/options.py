@@ -10,7 +10,7 @@ import argparse
 import os
 from typing import Any
 
-from supervisor.config import checkpoints, ft, health, hosting, metrics, policy, stragglers
+from supervisor.config import checkpoints, durations, ft, health, hosting, metrics, policy, stragglers
 from supervisor.config.run import DEFAULT_SIGNALS
 
 FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"  # nvidia-resiliency-ext's auto-resume contract
@@ -126,7 +126,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     _opt(
         g,
         "--shutdown-timeout",
-        type=float,
+        type=durations.duration,
         default=float(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")),
         help="seconds between SIGTERM and SIGKILL when stopping ranks",
     )
@@ -159,14 +159,14 @@ def add_supervisor_options(f: Any) -> None:
     _opt(
         f,
         "--kill-timeout",
-        type=float,
+        type=durations.duration,
         default=10.0,
         help="seconds to wait after SIGKILL before reporting a rank as stuck in the kernel",
     )
     _opt(
         f,
         "--exit-grace",
-        type=float,
+        type=durations.duration,
         default=10.0,
         help="seconds a rank that reported its failure (error file, client) may take to exit "
         "before it is killed",
@@ -174,7 +174,7 @@ def add_supervisor_options(f: Any) -> None:
     _opt(
         f,
         "--save-timeout",
-        type=float,
+        type=durations.duration,
         default=60.0,
         help="before ranks are stopped (a failure, a restart, SIGTERM), ranks that registered a save "
         "callback are asked to save and get this many seconds; 0 disables it",
@@ -221,7 +221,7 @@ def add_supervisor_options(f: Any) -> None:
     _opt(
         f,
         "--mtbf",
-        type=float,
+        type=durations.duration,
         default=None,
         help="a prior for the mean time between failures, in seconds of training: the advised "
         "checkpoint interval starts from it before the run has failed, and moves towards "
@@ -235,7 +235,21 @@ def add_supervisor_options(f: Any) -> None:
         default=None,
         help="where learned timeouts persist (default <log-dir>/<run id>/state)",
     )
-    _opt(f, "--workers-stop-timeout", type=float, default=None, help=argparse.SUPPRESS)  # ft_launcher's name
-    _opt(f, "--term-timeout", type=float, default=None, help=argparse.SUPPRESS)  # ft_launcher's name
+    # ft_launcher's names for its two stop timeouts
+    _opt(
+        f,
+        "--workers-stop-timeout",
+        type=durations.duration,
+        default=None,
+        help="ft_launcher's name for --shutdown-timeout (when both are given, this one)",
+    )
+    _opt(
+        f,
+        "--term-timeout",
+        type=durations.duration,
+        default=None,
+        help="seconds between SIGTERM and SIGKILL when the daemon itself got a stop signal and passes "
+        "it on to the ranks (ft_launcher's option; default: --shutdown-timeout)",
+    )
 
 
