@@ -263,8 +263,9 @@ class Supervisor:
             policy=self.cfg.policy.policy.to_json(),
             restart_window=self.cfg.policy.restart_window,
         )
-        if self.cfg.ft.ignored:
-            self.events.emit("settings_ignored", logging.WARNING, settings=list(self.cfg.ft.ignored))
+        if self.cfg.ft.ignored:  # once, each with why: accepted so that command lines run unchanged
+            settings = [{"option": option, "why": why} for option, why in self.cfg.ft.ignored]
+            self.events.emit("settings_ignored", logging.WARNING, settings=settings)
 
     # -- the loop -----------------------------------------------------------------
 
