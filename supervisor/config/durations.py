@@ -86,4 +86,3 @@ def duration(text: str) -> float:
         return parse(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{_shown(text)}: {exc}") from None
-

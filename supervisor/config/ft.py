@@ -170,7 +170,7 @@ KEYS: dict[str, _Key] = {
     "no_restart_exit_code": _Key(_exit_code, "an exit code, 1-255"),
 }
 
-# ft_launcher's rank assignment and restart options, with the values it accepts
+# --ft-restart-policy's values: any-failed is what happens here
 RESTART_POLICIES = ("any-failed", "min-healthy")
 
 _LOGS = "the ranks' output is kept per generation under --log-dir, and the daemon's on its console"
