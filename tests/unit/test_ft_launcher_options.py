@@ -76,15 +76,19 @@ CURRENT = [
 
 
 @cache
-def _nvrx() -> tuple[argparse.Action, ...]:
+def _nvrx_all() -> tuple[argparse.Action, ...]:
     from nvidia_resiliency_ext.fault_tolerance import launcher  # noqa: PLC0415
+
+    return tuple(a for a in launcher.get_args_parser()._actions if a.option_strings and a.dest != "help")
+
+
+@cache
+def _nvrx() -> tuple[argparse.Action, ...]:
+    """ft_launcher's own options: not torchrun's."""
     from torch.distributed.run import get_args_parser as torchrun  # noqa: PLC0415
 
     torch_options = {s for a in torchrun()._actions for s in a.option_strings}
-    return tuple(
-        a for a in launcher.get_args_parser()._actions
-        if a.option_strings and a.dest != "help" and not set(a.option_strings) <= torch_options
-    )  # fmt: skip
+    return tuple(a for a in _nvrx_all() if not set(a.option_strings) <= torch_options)
 
 
 @cache
@@ -145,6 +149,20 @@ def test_every_option_of_the_installed_ft_launcher_is_honoured_or_ignored_with_w
             assert [option for option, _ in cfg.ft.ignored] == [named], (first, cfg.ft.ignored)
             assert dict(cfg.ft.ignored)[named], first  # a reason, not a blank
     assert not unknown, "ft_launcher options ft-supervisor does not know:\n" + "\n".join(unknown)
+
+
+@pytest.mark.slow
+def test_ft_launcher_s_torchrun_options_parse_in_every_spelling_it_gives_them() -> None:
+    """Which of them are honoured is torchrun's walk's business; the spellings are checked here."""
+    refused = []
+    for action in _nvrx_all():
+        value = [] if action.nargs == 0 else [str(action.default if action.default is not None else "x")]
+        for option in action.option_strings:
+            try:
+                _parser().parse_args(["run", option, *value, "train.py"])
+            except SystemExit:
+                refused.append(option)
+    assert not refused, refused
 
 
 @pytest.mark.parametrize("option", CURRENT)
