@@ -22,8 +22,6 @@ from supervisor.config.build import build_run_config
 from supervisor.config.errors import ConfigError
 from supervisor.config.run import RunConfig
 
-pytestmark = pytest.mark.torch
-
 # ft_launcher's options that do something here: the value given, and what it does
 HONOURED: dict[str, tuple[str, Callable[[RunConfig], object], object]] = {
     "ft_cfg_path": ("", lambda c: c.hosting.config_file, None),  # the file is given below
@@ -119,6 +117,7 @@ def _argv(option: str, action_dest: str, value: str, tmp: Path) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.torch  # the launcher imports torch
 def test_the_installed_launcher_has_options_of_its_own() -> None:
     # the walk below is worth something only if it finds them
     dests = {a.dest for a in _nvrx()}
@@ -126,6 +125,7 @@ def test_the_installed_launcher_has_options_of_its_own() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.torch  # the launcher imports torch
 def test_every_option_of_the_installed_ft_launcher_is_honoured_or_ignored_with_why(tmp_path: Path) -> None:
     unknown = []
     for action in _nvrx():
@@ -152,6 +152,7 @@ def test_every_option_of_the_installed_ft_launcher_is_honoured_or_ignored_with_w
 
 
 @pytest.mark.slow
+@pytest.mark.torch  # the launcher imports torch
 def test_ft_launcher_s_torchrun_options_parse_in_every_spelling_it_gives_them() -> None:
     """Which of them are honoured is torchrun's walk's business; the spellings are checked here."""
     refused = []
