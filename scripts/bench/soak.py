@@ -60,7 +60,7 @@ BAD_CONFIGS: dict[str, bytes] = {
     "not_utf8": b"fault_tolerance:\n  rank_heartbeat_timeout: 4\n  # \xff\xfe\n",
     "huge": b"# " + b"x" * (2 << 20) + b"\n",
 }
-GOOD_CONFIG = b"fault_tolerance:\n  log_level: info\n"
+GOOD_CONFIG = b"fault_tolerance:\n  safety_factor: 5\n"
 
 
 def _log(msg: str) -> None:

@@ -23,10 +23,11 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
+from supervisor.config.durations import duration
 from supervisor.core.classify import Classification
 from supervisor.core.errorfile import order_failures
 from supervisor.core.evidence import Evidence
@@ -120,20 +121,26 @@ def add_commands(sub: Any) -> None:
                    help=f"the restart budget (default: the run's; files: {FILES_RESTARTS} left)")  # fmt: skip
     g = c.add_argument_group("the run's policy, as for run (default for a run: what its run_started "
                              "recorded; for files or an older run's log: run's defaults)")  # fmt: skip
-    g.add_argument("--restart-window", type=float, default=None)
+    g.add_argument("--restart-window", type=duration, default=None)
     g.add_argument("--policy-preset", default=None)
     g.add_argument("--ft-max-no-progress-cycles", type=int, default=None)
     g.add_argument("--ft-min-progress-iterations", type=int, default=None)
     c.add_argument("--check", action="store_true",
                    help="compare each run directory with its reason.json; 1 if they disagree")  # fmt: skip
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(handler=_classify)
+    c.set_defaults(handler=_classify, command_parser=c)
     p = sub.add_parser("plugins", help="list the classifier plugins and rules that would load")
     p.add_argument("--rules", action="append", default=[], help="extra rules (TOML or YAML), as for run")
     p.add_argument("--disable-plugins", default="", help="plugins not to load, comma-separated")
     p.add_argument("--list-rules", action="store_true", help="also list every rule")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(handler=_plugins)
+    p.set_defaults(handler=_plugins, command_parser=p)
+
+
+def _usage(ns: argparse.Namespace, message: str) -> NoReturn:
+    """Bad input exits 2 with one line, worded as ``run`` words it for the same input."""
+    ns.command_parser.error(message)
+    raise AssertionError("unreachable: error() exits")
 
 
 def _user_rules(ns: argparse.Namespace) -> tuple[Any, ...]:
@@ -143,7 +150,7 @@ def _user_rules(ns: argparse.Namespace) -> tuple[Any, ...]:
     try:
         return user_rules(ns.rules)
     except ConfigError as exc:
-        raise SystemExit(f"ft-supervisor {ns.command}: {exc}") from None
+        _usage(ns, str(exc))
 
 
 def _disabled(ns: argparse.Namespace) -> tuple[str, ...] | None:
@@ -164,9 +171,9 @@ def _problems(registry: Registry) -> list[str]:
 
 def _settings(ns: argparse.Namespace) -> Settings:
     if ns.restart_window is not None and ns.restart_window <= 0:
-        raise SystemExit(f"ft-supervisor classify: --restart-window {ns.restart_window}: must be > 0 seconds")
+        _usage(ns, f"--restart-window {ns.restart_window:g}: must be more than 0 seconds")
     if ns.max_restarts is not None and ns.max_restarts < 0:
-        raise SystemExit(f"ft-supervisor classify: --max-restarts {ns.max_restarts}: must be >= 0")
+        _usage(ns, f"--max-restarts {ns.max_restarts}: must be >= 0")
     given = (ns.ft_max_no_progress_cycles, ns.ft_min_progress_iterations, ns.policy_preset)
     policy = None
     if any(v is not None for v in given):  # any of them: the others at run's defaults
@@ -178,7 +185,7 @@ def _settings(ns: argparse.Namespace) -> Settings:
         try:
             policy = apply_presets((ns.policy_preset or "").split(","), policy)
         except OutcomeError as exc:
-            raise SystemExit(f"ft-supervisor classify: --policy-preset: {exc}") from None
+            _usage(ns, f"--policy-preset: {exc}")
     return Settings(_user_rules(ns), _disabled(ns), policy, ns.restart_window, ns.max_restarts)
 
 

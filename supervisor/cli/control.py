@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 import zmq
 
+from supervisor.config.durations import duration
 from supervisor.core import checkpoint_interval
 from supervisor.log import format_fields
 from supervisor.transport.endpoints import running_daemons
@@ -41,7 +42,7 @@ def add_commands(sub: Any) -> None:
         p.add_argument("--pid", type=int, default=None, help="the daemon's pid")
         p.add_argument("--run-id", default=None, help="the daemon's run id")
         p.add_argument("--json", action="store_true", help="machine-readable output")
-        p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the daemon")
+        p.add_argument("--timeout", type=duration, default=5.0, help="wait this long for the daemon (5, 30s)")
         if name == "events":
             p.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
         p.set_defaults(handler=_main, command=name)

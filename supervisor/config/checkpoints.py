@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from supervisor.config import durations
 from supervisor.config.environment import pick
 from supervisor.config.errors import ConfigError
-from supervisor.core.snapshots import SETTLE_S, parse_duration
+from supervisor.core.snapshots import SETTLE_S
 
 FSSPEC_HINT = "pip install 'ft-supervisor[fsspec]'"
 
@@ -113,12 +114,8 @@ def add_options(g: argparse._ArgumentGroup) -> None:
 
 
 def _duration(option: str, value: Any, default: float) -> float:
-    if value is None:
-        return default
-    try:
-        return parse_duration(str(value))
-    except ValueError as exc:
-        raise ConfigError(f"{option} {exc}") from None
+    seconds = durations.optional(option, value, positive=True)
+    return default if seconds is None else seconds
 
 
 def _overlap(a: Path, b: Path) -> bool:
@@ -163,13 +160,7 @@ def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> Checkp
             raise ConfigError(f"--checkpoint-keep {keep!r}: expected a whole number") from None
         if keep < 1:
             raise ConfigError(f"--checkpoint-keep {keep}: must be at least 1")
-    settle = pick(ns, environ, "--checkpoint-settle")
-    try:
-        settle = SETTLE_S if settle is None else float(settle)
-    except ValueError:
-        raise ConfigError(f"--checkpoint-settle {settle!r}: expected seconds") from None
-    if not 0 <= settle < float("inf"):
-        raise ConfigError(f"--checkpoint-settle {settle}: must be >= 0 seconds")
+    settle = durations.optional("--checkpoint-settle", pick(ns, environ, "--checkpoint-settle"))
     return CheckpointConfig(
         path=local,
         url=str(Path(location).absolute()) if scheme is None else url,
@@ -187,5 +178,5 @@ def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> Checkp
             pick(ns, environ, "--checkpoint-restore-timeout"),
             DEFAULT_RESTORE_TIMEOUT,
         ),
-        settle=settle,
+        settle=SETTLE_S if settle is None else settle,
     )

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from supervisor.config import durations
 from supervisor.config.environment import pick
 from supervisor.config.errors import ConfigError
 from supervisor.core.health import Quarantine
@@ -56,10 +58,18 @@ def add_options(g: argparse._ArgumentGroup) -> None:
 def quarantine_of(text: str | None, option: str = "--node-quarantine") -> Quarantine | None:
     if text is None or not str(text).strip() or str(text).strip().lower() == "off":
         return None
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\S+)\s*", str(text))
+    if m is None:
+        raise ConfigError(f"{option} {text!r}: expected COUNT/WINDOW such as 3/24h")
+    if int(m.group(1)) < 1:
+        raise ConfigError(f"{option} {text!r}: COUNT must be at least 1")
     try:
-        return Quarantine.parse(str(text))
+        window = durations.parse(m.group(2))
     except ValueError as exc:
-        raise ConfigError(f"{option} {exc}") from None
+        raise ConfigError(f"{option} {text!r}: WINDOW: {exc}") from None
+    if window == 0:
+        raise ConfigError(f"{option} {text!r}: WINDOW must be more than 0 seconds")
+    return Quarantine(int(m.group(1)), window)
 
 
 def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> HealthConfig:

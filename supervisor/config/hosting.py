@@ -8,8 +8,8 @@ signals, and listing it in ``--signals-to-handle`` next to a config file is an
 error naming both. Without a config file it stays a stop signal.
 
 A reload merges the file with the same precedence as at start: the ``--ft-*``
-options and ``FT_*`` variables given at start still win over it, and so does
-``--log-level`` over the file's ``log_level``.
+options and ``FT_*`` variables given at start still win over it. The file's
+``log_level`` is NVRx's own logging: the daemon's console follows ``--log-level``.
 
 ``--forward-signals`` (``FT_SUPERVISOR_FORWARD_SIGNALS``; default SIGUSR2,SIGWINCH)
 names signals passed on to the running ranks' process groups: in a container the
@@ -28,7 +28,6 @@ from typing import Any
 
 from supervisor.config import ft as ftconfig
 from supervisor.config.errors import ConfigError
-from supervisor.config.ft import FtConfig
 
 DEFAULT_FORWARD = "SIGUSR2,SIGWINCH"
 FORWARD_ENV = "FT_SUPERVISOR_FORWARD_SIGNALS"
@@ -54,16 +53,11 @@ class HostingConfig:
     config_file: Path | None = None  # what SIGHUP re-reads; None: SIGHUP stops the run (torchrun's way)
     ft_overrides: Mapping[str, object] = field(default_factory=dict)  # --ft-* at start: they outrank it
     ft_environ: Mapping[str, str] = field(default_factory=dict)  # FT_* at start: they outrank it too
-    log_level_given: bool = False  # --log-level was given: the file's log_level never overrides it
     forward_signals: tuple[int, ...] = (signal.SIGUSR2, signal.SIGWINCH)
 
     @property
     def reload_signals(self) -> tuple[int, ...]:
         return (signal.SIGHUP,) if self.config_file is not None else ()
-
-    def log_level(self, given: str, ft: FtConfig) -> str:
-        """The daemon's log level under ``ft``: --log-level when given, else the file's."""
-        return given if self.log_level_given else ft.log_level or "info"
 
 
 def add_options(group: Any) -> None:
@@ -125,12 +119,10 @@ def from_namespace(
             raise ConfigError(f"{option} {raw!r}: {signal.Signals(signum).name} cannot be forwarded")
     if path is not None and signal.SIGHUP in forward:
         raise ConfigError(f"{option} {raw!r}: with a config file SIGHUP reloads it")
-    keys = (*ftconfig.KEYS, *ftconfig.IGNORED)
     return HostingConfig(
         config_file=path,
-        ft_overrides={k: getattr(ns, f"ft_{k}") for k in keys if getattr(ns, f"ft_{k}") is not None},
+        ft_overrides=ftconfig.cli_settings(ns),
         ft_environ={k: v for k, v in environ.items() if k.startswith("FT_")},
-        log_level_given=getattr(ns, "log_level_given", False),
         # a stop signal is forwarded by the termination procedure already
         forward_signals=tuple(dict.fromkeys(s for s in forward if s not in stops)),
     )

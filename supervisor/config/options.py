@@ -11,7 +11,17 @@ import os
 import sys
 from typing import Any
 
-from supervisor.config import checkpoints, ft, health, hosting, metrics, policy, stragglers, torchrun
+from supervisor.config import (
+    checkpoints,
+    durations,
+    ft,
+    health,
+    hosting,
+    metrics,
+    policy,
+    stragglers,
+    torchrun,
+)
 from supervisor.config.run import DEFAULT_SIGNALS
 
 FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"  # nvidia-resiliency-ext's auto-resume contract
@@ -102,7 +112,10 @@ def _ours() -> dict[str, dict[str, Any]]:
             "close_timeout, keep_alive_interval, keep_alive_max_attempt, is_host, read_timeout"
         },
         "max_restarts": {"help": "restarts allowed to the whole job before failing"},
-        "monitor_interval": {"help": "accepted and ignored: exits are noticed at once"},
+        "monitor_interval": {
+            "type": durations.duration,
+            "help": "accepted and ignored: exits are noticed at once",
+        },
         "start_method": {"help": "accepted and ignored: ranks start through the ft-supervisor bootstrap"},
         "event_log_handler": {"help": "accepted and ignored: the run's events go to its events.jsonl"},
         "role": {"help": "role name of the ranks (ROLE_NAME)"},
@@ -129,8 +142,9 @@ def _ours() -> dict[str, dict[str, Any]]:
             "help": "signals that stop the run (SIGHUP reloads instead when there is a config file)",
         },
         "shutdown_timeout": {
-            "type": float,
-            "default": float(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")),
+            "type": durations.duration,
+            # a string: argparse converts (and checks) it as it would a given value
+            "default": os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"),
             "help": "seconds between SIGTERM and SIGKILL when stopping ranks",
         },
         "virtual_local_rank": {"help": "LOCAL_RANK=0 for every rank, each seeing only its own device"},
@@ -142,14 +156,14 @@ def add_supervisor_options(f: Any) -> None:
     _opt(
         f,
         "--kill-timeout",
-        type=float,
+        type=durations.duration,
         default=10.0,
         help="seconds to wait after SIGKILL before reporting a rank as stuck in the kernel",
     )
     _opt(
         f,
         "--exit-grace",
-        type=float,
+        type=durations.duration,
         default=10.0,
         help="seconds a rank that reported its failure (error file, client) may take to exit "
         "before it is killed",
@@ -157,7 +171,7 @@ def add_supervisor_options(f: Any) -> None:
     _opt(
         f,
         "--save-timeout",
-        type=float,
+        type=durations.duration,
         default=60.0,
         help="before ranks are stopped (a failure, a restart, SIGTERM), ranks that registered a save "
         "callback are asked to save and get this many seconds; 0 disables it",
@@ -204,7 +218,7 @@ def add_supervisor_options(f: Any) -> None:
     _opt(
         f,
         "--mtbf",
-        type=float,
+        type=durations.duration,
         default=None,
         help="a prior for the mean time between failures, in seconds of training: the advised "
         "checkpoint interval starts from it before the run has failed, and moves towards "
@@ -218,7 +232,21 @@ def add_supervisor_options(f: Any) -> None:
         default=None,
         help="where learned timeouts persist (default <log-dir>/<run id>/state)",
     )
-    _opt(f, "--workers-stop-timeout", type=float, default=None, help=argparse.SUPPRESS)  # ft_launcher's name
-    _opt(f, "--term-timeout", type=float, default=None, help=argparse.SUPPRESS)  # ft_launcher's name
+    # ft_launcher's names for its two stop timeouts
+    _opt(
+        f,
+        "--workers-stop-timeout",
+        type=durations.duration,
+        default=None,
+        help="ft_launcher's name for --shutdown-timeout (when both are given, this one)",
+    )
+    _opt(
+        f,
+        "--term-timeout",
+        type=durations.duration,
+        default=None,
+        help="seconds between SIGTERM and SIGKILL when the daemon itself got a stop signal and passes "
+        "it on to the ranks (ft_launcher's option; default: --shutdown-timeout)",
+    )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from supervisor.config import durations
 from supervisor.config import files as configfile
 from supervisor.config.environment import env_name, pick
 from supervisor.config.errors import ConfigError
@@ -47,9 +48,10 @@ def add_options(g: argparse._ArgumentGroup) -> None:
     )
     g.add_argument(
         "--restart-window",
-        type=float,
         default=None,
-        help="count only the restarts of the last S seconds against --max-restarts (default: all)",
+        metavar="DURATION",
+        help="count only the restarts of the last DURATION (90, 30m, 1d) against --max-restarts "
+        "(default: all)",
     )
     g.add_argument(
         "--policy-preset",
@@ -129,6 +131,8 @@ def user_rules(files: Sequence[str]) -> tuple[Mapping[str, Any], ...]:
 def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str], ft: FtConfig) -> PolicyConfig:
     codes = ExitCodes()
     abort = _number("--abort-exit-code", pick(ns, environ, "--abort-exit-code"), int)
+    if abort is None:  # ft_launcher's exit code for "do not restart", where given
+        abort = ft.no_restart_exit_code
     reschedule = _number("--reschedule-exit-code", pick(ns, environ, "--reschedule-exit-code"), int)
     try:
         codes = replace(
@@ -136,9 +140,7 @@ def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str], ft: FtCon
         )
     except OutcomeError as exc:
         raise ConfigError(str(exc)) from None
-    window = _number("--restart-window", pick(ns, environ, "--restart-window"), float)
-    if window is not None and window <= 0:
-        raise ConfigError(f"--restart-window {window}: must be > 0 seconds")
+    window = durations.optional("--restart-window", pick(ns, environ, "--restart-window"), positive=True)
     presets = tuple(p.strip() for p in (pick(ns, environ, "--policy-preset") or "").split(",") if p.strip())
     policy = Policy(max_no_progress=ft.max_no_progress_cycles, min_progress=ft.min_progress_iterations)
     try:

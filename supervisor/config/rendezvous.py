@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from supervisor.config import durations
 from supervisor.config.errors import ConfigError
 
 BACKENDS = ("c10d", "static", "etcd-v2")
@@ -54,9 +55,11 @@ def parse_conf(value: str, backend: str = "c10d") -> dict[str, str]:
             if renamed is None:
                 continue
             key = renamed
-        if key in INT_KEYS:
+        if key == "keep_alive_max_attempt":  # a count, the one key that is not seconds
             if not raw.isdigit() or int(raw) < 1:
-                raise ConfigError(f"--rdzv-conf {key}={raw}: expected a whole number of seconds >= 1")
+                raise ConfigError(f"--rdzv-conf {key}={raw}: expected a whole number >= 1")
+        elif key in INT_KEYS:  # torch reads whole seconds: 10m is written 600 for it
+            raw = str(durations.whole_seconds(f"--rdzv-conf {key}", raw, least=1))
         elif key in BOOL_KEYS:
             if raw.lower() not in _TRUE + _FALSE:
                 raise ConfigError(f"--rdzv-conf {key}={raw}: expected true or false")

@@ -189,6 +189,7 @@ class RunConfig:
     tee: Mapping[int, int] | None = None
     local_ranks_filter: frozenset[int] | None = None
     shutdown_timeout: float = 30.0
+    term_timeout: float | None = None  # the grace after a stop signal the daemon got; None: shutdown_timeout
     kill_timeout: float = 10.0
     exit_grace: float = 10.0
     save_timeout: float = 60.0  # the dying gasp: how long ranks with a save callback get to save

@@ -13,6 +13,7 @@ import argparse
 import math
 from collections.abc import Mapping
 
+from supervisor.config import durations
 from supervisor.config.environment import pick
 from supervisor.config.errors import ConfigError
 from supervisor.core.stragglers import StragglerAction, StragglerSettings
@@ -57,10 +58,10 @@ def add_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--straggler-sustain",
         default=None,
-        metavar="SECONDS",
+        metavar="DURATION",
         help=f"how long a score must stay above the threshold (below the clear level) to flag "
-        f"(clear) a rank (default {DEFAULTS.sustain:g}); scores are judged every second, or four times "
-        "per SECONDS when shorter",
+        f"(clear) a rank (default {DEFAULTS.sustain:g}s); scores are judged every second, or four times "
+        "per DURATION when shorter",
     )
 
 
@@ -97,9 +98,8 @@ def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> Stragg
     threshold = _number(ns, environ, "--straggler-threshold", DEFAULTS.threshold)
     if threshold <= 1.0:
         raise ConfigError(f"--straggler-threshold {threshold:g}: must be > 1 (a ratio to the typical rank)")
-    sustain = _number(ns, environ, "--straggler-sustain", DEFAULTS.sustain)
-    if sustain < 0:
-        raise ConfigError(f"--straggler-sustain {sustain:g}: must be >= 0 seconds")
+    given = durations.optional("--straggler-sustain", pick(ns, environ, "--straggler-sustain"))
+    sustain = DEFAULTS.sustain if given is None else given
     return StragglerSettings(
         enabled=detection == "on",
         threshold=threshold,

@@ -10,12 +10,10 @@ Here are the rules, as pure functions of the ledger and the time.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.core.snapshots import parse_duration
 from supervisor.core.types import Action, Decision, Reason
 
 KEEP = 256  # marks a ledger keeps: the newest
@@ -64,17 +62,7 @@ class Quarantine:
     """``COUNT/WINDOW``: this many marks within this many seconds keep the node's ranks off."""
 
     count: int
-    window: float
-
-    @classmethod
-    def parse(cls, text: str) -> Quarantine:
-        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\S+)\s*", text)
-        if m is None:
-            raise ValueError(f"{text!r}: expected COUNT/WINDOW such as 3/24h")
-        count = int(m.group(1))
-        if count < 1:
-            raise ValueError(f"{text!r}: COUNT must be at least 1")
-        return cls(count, parse_duration(m.group(2)))
+    window: float  # supervisor.config.health parses it, in the options' one duration syntax
 
     def __str__(self) -> str:
         return f"{self.count}/{_duration(self.window)}"

@@ -29,7 +29,6 @@ manifest) and are never entries. Pure: time is a parameter.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -144,25 +143,6 @@ def is_leftover(
     if temp.host == _host_part(host) and (temp.pid == pid or not pid_alive):
         return True
     return age_s is not None and age_s >= max_age_s
-
-
-# -- durations -----------------------------------------------------------------------
-
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str) -> float:
-    """``90`` (seconds), ``30s``, ``5m``, ``1h``, ``1d``, or a sum such as ``1h30m``."""
-    value = text.strip().lower()
-    pieces = re.findall(r"(\d+(?:\.\d+)?)\s*([smhd]?)", value)
-    if not value or re.fullmatch(r"(?:\d+(?:\.\d+)?\s*[smhd]?\s*)+", value) is None:
-        raise ValueError(f"{text!r}: expected a duration such as 90, 30s, 5m, 1h or 1h30m")
-    if len(pieces) > 1 and any(unit == "" for _, unit in pieces):
-        raise ValueError(f"{text!r}: give every part of a compound duration a unit (1h30m)")
-    seconds = sum(float(n) * _UNITS[unit] for n, unit in pieces)
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"{text!r}: must be more than 0 seconds")
-    return seconds
 
 
 # -- decisions -----------------------------------------------------------------------

@@ -127,4 +127,4 @@ def test_the_job_rides_out_the_etcd_leader_dying(cluster: list[Member], start, t
         assert [e["generation"] for e in d.events("generation_started")] == [0, 1, 2], d.story()
         assert not d.events("internal_error"), d.story()
     (ignored,) = daemons[1].events("settings_ignored")
-    assert [o["option"] for o in ignored["options"]] == ["--rdzv-backend etcd"]
+    assert [o["option"] for o in ignored["settings"]] == ["--rdzv-backend etcd"]

@@ -159,10 +159,15 @@ def test_sigterm_stops_ranks_gracefully_and_exits_143(start: Start, tmp_path: Pa
     assert d.events("generation_ended")[0]["result"] == "stopped"
 
 
-def test_sigterm_with_stubborn_ranks_ends_within_grace_plus_1s(start: Start, tmp_path: Path) -> None:
-    d = start(
-        *FAST, "--shutdown-timeout", "1", BEHAVE, "--forever", "--ignore-term", "--pidfile", str(tmp_path)
-    )
+@pytest.mark.parametrize(
+    "grace",
+    [("--shutdown-timeout", "1"), ("--shutdown-timeout", "10m", "--term-timeout", "1s")],
+    ids=["shutdown-timeout", "ft_launcher-term-timeout"],
+)
+def test_sigterm_with_stubborn_ranks_ends_within_grace_plus_1s(
+    start: Start, tmp_path: Path, grace: tuple[str, ...]
+) -> None:
+    d = start(*FAST, *grace, BEHAVE, "--forever", "--ignore-term", "--pidfile", str(tmp_path))
     wait_until(lambda: len(list(tmp_path.glob("rank*.pid"))) == 2, 30, "both ranks to run")
     sent = time.monotonic()
     d.signal(signal.SIGTERM)

@@ -48,8 +48,8 @@ def test_a_job_with_every_torchrun_option_that_can_coexist(start: Start, tmp_pat
     if torchrun.numa_nodes() < 2 or count_gpus(os.environ) == 0:
         expected.add("--numa-binding node")
     (event,) = d.events("settings_ignored")
-    assert {o["option"] for o in event["options"]} == expected
-    assert all(o["why"] for o in event["options"])
+    assert {o["option"] for o in event["settings"]} == expected
+    assert all(o["why"] for o in event["settings"])
     assert "settings_ignored" in d.stderr() and "--logs-specs default" in d.stderr()  # on the console
     # --run-path over --no-python and -m; LOCAL_RANK 0 for both (--virtual-local-rank)
     assert "[rank 1] step 1 rank 1 local 0" in d.stdout()

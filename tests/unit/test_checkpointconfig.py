@@ -84,7 +84,7 @@ def test_environment_variables_and_the_command_line_wins(script: Path, tmp_path:
         (["--checkpoint-keep", "2"], "--checkpoint-keep needs --checkpoint-path and --checkpoint-url"),
         (
             ["--checkpoint-path", "l", "--checkpoint-url", "d", "--checkpoint-frequency", "5 min"],
-            "--checkpoint-frequency '5 min': expected a duration such as 90, 30s, 5m",
+            "--checkpoint-frequency '5 min': expected a duration such as 90, 90.5, 30s, 5m",
         ),
         (
             ["--checkpoint-path", "l", "--checkpoint-url", "d", "--checkpoint-frequency", "0"],
@@ -100,7 +100,7 @@ def test_environment_variables_and_the_command_line_wins(script: Path, tmp_path:
         ),
         (
             ["--checkpoint-path", "l", "--checkpoint-url", "d", "--checkpoint-settle", "-1"],
-            "--checkpoint-settle -1.0: must be >= 0",
+            "--checkpoint-settle '-1': a duration cannot be negative",
         ),
         (["--checkpoint-path", "l", "--checkpoint-url", "l/dest"], "overlap: DEST must be another directory"),
         (["--checkpoint-path", "l", "--checkpoint-url", "nosuch://x"], "scheme nosuch://"),

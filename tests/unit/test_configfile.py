@@ -152,7 +152,8 @@ def test_keys_that_are_not_strings_are_ignored_like_other_unknown_keys(tmp_path:
     cfg = tmp_path / "ft.yaml"
     cfg.write_text("fault_tolerance:\n  1: 2\n  null: 3\n  rank_heartbeat_timeout: 5\n")
     loaded = ftconfig.load({}, {}, cfg)
-    assert loaded.rank_heartbeat_timeout == 5.0 and loaded.ignored == ("1", "none")
+    assert loaded.rank_heartbeat_timeout == 5.0
+    assert [option for option, _ in loaded.ignored] == [f"{cfg}: 1", f"{cfg}: none"]
 
 
 def test_a_huge_value_is_quoted_short(tmp_path: Path) -> None:
@@ -160,7 +161,7 @@ def test_a_huge_value_is_quoted_short(tmp_path: Path) -> None:
     cfg.write_text("fault_tolerance:\n  rank_heartbeat_timeout: [" + "1, " * 100_000 + "1]\n")
     with pytest.raises(ConfigError) as err:
         ftconfig.load({}, {}, cfg)
-    assert len(str(err.value)) < 300 and "expected seconds > 0" in str(err.value)
+    assert len(str(err.value)) < 300 and "expected a duration" in str(err.value)
 
 
 @pytest.mark.timeout(10)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from supervisor.config.errors import ConfigError
+from supervisor.config.health import quarantine_of
 from supervisor.core.health import KEEP, KEEP_FOR, Ledger, Mark, Quarantine, mark_of, quarantined, screen
 from supervisor.core.types import Action, Decision, Reason
 
@@ -20,13 +22,13 @@ def _mark(at: float, rule: str = "C3") -> Mark:
     [("3/24h", 3, 86400.0), (" 1 / 90 ", 1, 90.0), ("2/1h30m", 2, 5400.0)],
 )
 def test_a_threshold_is_count_per_window(text: str, count: int, window: float) -> None:
-    assert Quarantine.parse(text) == Quarantine(count, window)
+    assert quarantine_of(text) == Quarantine(count, window)
 
 
-@pytest.mark.parametrize("text", ["3", "x/1h", "0/1h", "3/", "3/soon", "3/-1h"])
+@pytest.mark.parametrize("text", ["3", "x/1h", "0/1h", "3/", "3/soon", "3/-1h", "3/0s", "3/nan"])
 def test_a_bad_threshold_is_named(text: str) -> None:
-    with pytest.raises(ValueError, match=r"COUNT|duration|at least|more than|unit"):
-        Quarantine.parse(text)
+    with pytest.raises(ConfigError, match=r"^--node-quarantine .*(COUNT|duration|least|more than|negative)"):
+        quarantine_of(text)
 
 
 def test_only_hardware_and_unkillable_ranks_leave_a_mark() -> None:

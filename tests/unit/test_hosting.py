@@ -1,5 +1,5 @@
 """The service-facing rules as values: SIGHUP's meaning, forwarded signals, the log
-level's precedence, the notify address and the watchdog period."""
+level (NVRx's leaves ours alone), the notify address and the watchdog period."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.cli import build_parser
+from supervisor.config import ft as ftconfig
 from supervisor.config.build import build_run_config
 from supervisor.config.errors import ConfigError
 from supervisor.config.ft import load
@@ -74,15 +75,16 @@ def test_forwarded_signals_leave_out_stop_signals_and_can_be_turned_off(script: 
         _config("--forward-signals", "SIGKILL", str(script))
 
 
-def test_the_log_level_comes_from_the_file_unless_given_on_the_command_line(
-    script: Path, cfg_file: Path
-) -> None:
+def test_nvrx_s_log_level_leaves_the_daemon_s_console_alone(script: Path, cfg_file: Path) -> None:
+    """The file says DEBUG for NVRx's own logging: the daemon stays at --log-level's."""
     assert _config(str(script)).log_level == "info"
     from_file = _config("--ft-cfg-path", str(cfg_file), str(script))
-    assert from_file.log_level == "debug" and not from_file.hosting.log_level_given
-    given = _config("--ft-cfg-path", str(cfg_file), "--log-level", "info", str(script))
-    assert given.log_level == "info" and given.hosting.log_level_given  # even the default value wins
-    assert _config("--ft-log-level", "40", str(script)).log_level == "error"  # nvidia-resiliency-ext's form
+    assert from_file.log_level == "info"
+    assert [why for option, why in from_file.ft.ignored if option.endswith(": log_level")] == [
+        ftconfig.IGNORED["log_level"]
+    ]
+    assert _config("--ft-log-level", "DEBUG", str(script)).log_level == "info"
+    assert _config("--ft-cfg-path", str(cfg_file), "--log-level", "debug", str(script)).log_level == "debug"
 
 
 def test_a_reload_keeps_what_the_command_line_and_environment_said(script: Path, cfg_file: Path) -> None:
@@ -96,19 +98,6 @@ def test_a_reload_keeps_what_the_command_line_and_environment_said(script: Path,
     cfg_file.write_text("fault_tolerance:\n  rank_heartbeat_timeout: 1\n  rank_out_of_section_timeout: 2\n")
     again = load(h.ft_overrides, h.ft_environ, h.config_file)
     assert (again.rank_heartbeat_timeout, again.rank_out_of_section_timeout) == (7.0, 9.0)
-
-
-@pytest.mark.parametrize(
-    ("value", "level"), [("warn", "warning"), ("Critical", "critical"), (10, "debug"), ("30", "warning")]
-)
-def test_log_level_accepts_names_and_numbers(value: object, level: str) -> None:
-    assert load({"log_level": value}, {}, None).log_level == level
-
-
-@pytest.mark.parametrize("value", ["loud", 15, True])
-def test_a_bad_log_level_is_named(value: object) -> None:
-    with pytest.raises(ConfigError, match=r"--ft-log-level .*: expected debug, info"):
-        load({"log_level": value}, {}, None)
 
 
 def test_notify_address_and_watchdog_period() -> None:

@@ -24,35 +24,6 @@ def by_name(*entries: Entry) -> dict[str, Entry]:
     return {e.name: e for e in entries}
 
 
-# -- durations -----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [("90", 90), ("30s", 30), ("5m", 300), ("1h", 3600), ("1d", 86400), ("1h30m", 5400), (" 2.5m ", 150)],
-)
-def test_durations(text: str, seconds: float) -> None:
-    assert s.parse_duration(text) == seconds
-
-
-@pytest.mark.parametrize(
-    ("text", "problem"),
-    [
-        ("", "expected a duration"),
-        ("5x", "expected a duration"),
-        ("-5m", "expected a duration"),
-        ("m", "expected a duration"),
-        ("0", "more than 0"),
-        ("0s0m", "more than 0"),
-        ("1h 30", "every part of a compound duration a unit"),
-        ("nan", "expected a duration"),
-    ],
-)
-def test_bad_durations_say_what_is_expected(text: str, problem: str) -> None:
-    with pytest.raises(ValueError, match=problem):
-        s.parse_duration(text)
-
-
 # -- what a sync uploads -------------------------------------------------------------
 
 

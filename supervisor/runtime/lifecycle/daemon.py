@@ -264,12 +264,10 @@ class Supervisor:
             policy=self.cfg.policy.policy.to_json(),
             restart_window=self.cfg.policy.restart_window,
         )
-        if self.cfg.ft.ignored or self.cfg.torchrun_ignored:
-            # one event: the nvidia-resiliency-ext settings, and the torchrun options each with why
-            options = [{"option": given, "why": why} for given, why in self.cfg.torchrun_ignored]
-            self.events.emit(
-                "settings_ignored", logging.WARNING, settings=list(self.cfg.ft.ignored), options=options
-            )
+        ignored = (*self.cfg.ft.ignored, *self.cfg.torchrun_ignored)
+        if ignored:  # once, each with why: accepted so that command lines run unchanged
+            settings = [{"option": option, "why": why} for option, why in ignored]
+            self.events.emit("settings_ignored", logging.WARNING, settings=settings)
 
     # -- the loop -----------------------------------------------------------------
 

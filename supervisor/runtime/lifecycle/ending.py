@@ -63,9 +63,11 @@ class Ender:
                                clock=self._clock, force=self._force)  # fmt: skip
         entry = token_entry(self._token, gen.number)
         gen.stop_wall, gen.stop_mono = self._clock.wall(), self._clock.monotonic()
+        # ft_launcher's --term-timeout: a stop signal passed on may get a grace of its own
+        grace = cfg.term_timeout if stop_signal is not None and cfg.term_timeout is not None else None
         report = await terminate(
             list(gen.ranks.values()),
-            grace=cfg.shutdown_timeout,
+            grace=cfg.shutdown_timeout if grace is None else grace,
             kill_timeout=cfg.kill_timeout,
             force=self._force,
             stop_signal=signal.SIGTERM if stop_signal is None else signals.forwarded(stop_signal),

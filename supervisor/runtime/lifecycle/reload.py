@@ -1,9 +1,10 @@
 """SIGHUP: re-read the config file and apply what can change under running ranks.
 
 The hang-detection timeouts go to the monitor at once (the running generation's
-deadlines are re-armed; learned timeouts still take precedence, as at start) and
-the log level to the daemon's logger. Other settings that changed are reported
-as ``not_applied``: they take effect when the daemon starts again. The ranks are
+deadlines are re-armed; learned timeouts still take precedence, as at start). The
+file's ``log_level`` is NVRx's own logging and never changes the daemon's. Other
+settings that changed are reported as ``not_applied``: they take effect when the
+daemon starts again. The ranks are
 never touched. A file that does not load changes nothing: ``reload_failed``
 says why, and the settings in force stay as they were.
 """
@@ -33,7 +34,7 @@ TIMEOUTS = frozenset(
         "num_warmup_iterations",
     }
 )
-APPLIED = TIMEOUTS | {"log_level"}
+APPLIED = TIMEOUTS
 
 
 def _plain(value: object) -> object:
@@ -53,9 +54,7 @@ def changes(old: FtConfig, new: FtConfig) -> dict[str, dict[str, Any]]:
 class Reloader:
     def __init__(self, cfg: RunConfig, monitor: Monitor, logger: logging.Logger, events: EventLog) -> None:
         self._hosting = cfg.hosting
-        self._given_level = cfg.log_level
         self._ft = cfg.ft  # the settings in force
-        self._level = cfg.log_level
         self._monitor = monitor
         self._logger = logger
         self._events = events
@@ -80,10 +79,6 @@ class Reloader:
         if TIMEOUTS & changed.keys():
             self._monitor.configured = new.timeouts()
             self._monitor.set_learned(self._monitor.learned)  # recomputes and re-arms the deadlines
-        level = h.log_level(self._given_level, new)
-        if level != self._level:
-            self._logger.setLevel(level.upper())
-            self._level = level
         not_applied = sorted(changed.keys() - APPLIED)
         # what was not applied stays as it was, and is reported again by the next reload
         self._ft = replace(new, **{k: getattr(self._ft, k) for k in not_applied})
@@ -92,6 +87,5 @@ class Reloader:
             path=str(path),
             changed={k: v for k, v in changed.items() if k in APPLIED} or None,
             not_applied=not_applied or None,
-            log_level=level,
             timeouts=status.timeouts(self._monitor),
         )
