@@ -70,7 +70,7 @@ class Place:
         return _real(daemon.get("log_dir")) == self.log_dir or _real(daemon.get("cwd")) == self.cwd
 
     def describe(self) -> str:
-        return f"log dir {self.log_dir} or working directory {self.cwd}"
+        return f"pid namespace {self.pidns}, log dir {self.log_dir} or working directory {self.cwd}"
 
 
 def add_commands(sub: Any) -> None:
