@@ -1,6 +1,6 @@
-"""The package as a user installs it: only our import names, a job that runs beside a
-project's own ``plugins`` package, and (under tox, which installs the built wheel) a
-job run by the installed console script with no checkout on the path."""
+"""The package as a user installs it (tox's py311 environment installs the built wheel):
+only our import names and a license, and a job run by the installed console script from a
+project that has its own ``plugins`` package, with no checkout on the path."""
 
 from __future__ import annotations
 
@@ -34,29 +34,6 @@ def _events(log_dir: Path, name: str) -> list[dict[str, Any]]:
     return [e for e in map(json.loads, lines) if e["event"] == name]
 
 
-def _ran_once_crashed_then_succeeded(r: subprocess.CompletedProcess[str], log_dir: Path) -> None:
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "No module named" not in r.stderr, r.stderr[-3000:]
-    loaded = _events(log_dir, "plugins_loaded")[0]
-    assert loaded["plugins"] == ["rules"] and not loaded.get("failed"), loaded
-    decisions = [(e["action"], e.get("classifier")) for e in _events(log_dir, "decision")]
-    assert decisions == [("restart", "rules")], decisions  # the built-in rules judged the crash
-
-
-@pytest.mark.slow
-def test_a_project_with_its_own_plugins_package_runs_a_job(tmp_path: Path) -> None:
-    # issue 22: the wheel installed a top-level `plugins`; a project's own `plugins/`, first
-    # on the path, hid it and `run` died with "No module named 'plugins.rules'"
-    project = tmp_path / "project"
-    (project / "plugins").mkdir(parents=True)
-    (project / "plugins" / "__init__.py").write_text('"""the project\'s own plugins"""\n')
-    (project / "train.py").write_text(CRASH_ONCE)
-    r = subprocess.run([sys.executable, "-m", "supervisor", "run", "--log-dir", str(tmp_path / "logs"),
-                        *JOB, "train.py"], cwd=project, env=_env(PYTHONPATH=str(project)),
-                       capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
-    _ran_once_crashed_then_succeeded(r, tmp_path / "logs")
-
-
 # what the installed package is, seen as the console script sees it: from a directory
 # that is not the checkout, in isolated mode (no PYTHONPATH, no current directory)
 INSTALLED = """\
@@ -76,9 +53,15 @@ print(json.dumps({
 
 
 @pytest.mark.slow
-def test_the_installed_wheel_runs_a_job_with_no_checkout_on_the_path(tmp_path: Path) -> None:
-    # issue 22: CI installs the wheel and runs a 2-rank job with a crash through it
-    seen = subprocess.run([sys.executable, "-I", "-c", INSTALLED], cwd=tmp_path, env=_env(),
+def test_the_installed_wheel_runs_a_job_beside_a_projects_own_plugins_package(tmp_path: Path) -> None:
+    # issue 22: CI installs the wheel and runs a 2-rank job with a crash through it. The wheel
+    # installed a top-level `plugins`: a project's own `plugins/`, first on the path, hid it
+    # and `run` died with "No module named 'plugins.rules'" (the editable install of a
+    # checkout maps the name in its own finder, which hid the bug: hence the wheel)
+    project = tmp_path / "project"
+    (project / "plugins").mkdir(parents=True)
+    (project / "plugins" / "__init__.py").write_text('"""the project\'s own plugins"""\n')
+    seen = subprocess.run([sys.executable, "-I", "-c", INSTALLED], cwd=project, env=_env(),
                           capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
     installed = json.loads(seen.stdout)
     if installed["editable"]:
@@ -89,11 +72,17 @@ def test_the_installed_wheel_runs_a_job_with_no_checkout_on_the_path(tmp_path: P
     assert ours == ["ft_supervisor_plugins", "supervisor"]  # no `plugins`, no stray file
     assert "Apache License" in installed["license"] and installed["license_expression"] == "Apache-2.0"
 
-    (tmp_path / "train.py").write_text(CRASH_ONCE)
+    # the console script, from the project: its `plugins` first on the path (the current
+    # directory and PYTHONPATH), the checkout nowhere on it
+    (project / "train.py").write_text(CRASH_ONCE)
     script = Path(sys.executable).with_name("ft-supervisor")
-    r = subprocess.run([sys.executable, "-I", str(script), "run", "--log-dir", str(tmp_path / "logs"), *JOB,
-                        "train.py"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+    r = subprocess.run([str(script), "run", "--log-dir", str(tmp_path / "logs"), *JOB, "train.py"],
+                       cwd=project, env=_env(PYTHONPATH=str(project)), capture_output=True, text=True,
                        timeout=60, check=False)  # fmt: skip
-    _ran_once_crashed_then_succeeded(r, tmp_path / "logs")
+    assert r.returncode == 0 and "No module named" not in r.stderr, r.stderr[-3000:]
+    loaded = _events(tmp_path / "logs", "plugins_loaded")[0]
+    assert loaded["plugins"] == ["rules"] and not loaded.get("failed"), loaded
+    decisions = [(e["action"], e.get("classifier")) for e in _events(tmp_path / "logs", "decision")]
+    assert decisions == [("restart", "rules")], decisions  # the built-in rules judged the crash
     bootstraps = {line.split()[-1] for line in r.stdout.splitlines() if " bootstrap " in line}
     assert bootstraps and all(Path(b).resolve().is_relative_to(site) for b in bootstraps), r.stdout
