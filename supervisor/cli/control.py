@@ -1,15 +1,21 @@
 """Operator commands that talk to a running daemon: status, events, stop, restart.
 
 The daemon is found through the ``daemon.json`` it publishes in its private
-run directory (``--pid`` or ``--run-id`` pick one when several run).
+run directory. ``--pid`` or ``--run-id`` name one; without them a command acts on
+the one daemon of this environment (this pid namespace, and this ``--log-dir`` or
+working directory), never on another job's of the same user: where that is not
+exactly one, it lists the candidates and exits 2. ``status`` and ``events``, which
+change nothing, also take the user's only daemon when none runs here.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +25,53 @@ import zmq
 from supervisor.config.durations import duration
 from supervisor.core import checkpoint_interval
 from supervisor.log import format_fields
-from supervisor.transport.endpoints import running_daemons
+from supervisor.transport.endpoints import pid_namespace, running_daemons
 
 EXIT_OK = 0
 EXIT_FAILED = 1
+EXIT_AMBIGUOUS = 2  # no target named, and not exactly one daemon in this environment
+DEFAULT_LOG_DIR = "ft-supervisor-logs"  # run's default (supervisor.config.build)
 NODE_TABLE_TRIES = 10  # a multi-node status asked again, at most, while its node table is read
 NODE_TABLE_WAIT = 0.2  # seconds between two asks
 
 
 class CtlError(RuntimeError):
     pass
+
+
+class Ambiguous(CtlError):
+    """No daemon named, and not exactly one in this environment: the candidates."""
+
+    def __init__(self, message: str, candidates: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.candidates = candidates
+
+
+def _real(path: object) -> str | None:
+    return os.path.realpath(path) if isinstance(path, str) and path else None
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where a command runs; a daemon that runs here is the one it acts on unasked."""
+
+    pidns: str | None
+    cwd: str
+    log_dir: str
+
+    @classmethod
+    def current(cls, log_dir: str | None) -> Place:
+        # the log dir run would use here: --log-dir, torchrun's variable, else its default
+        chosen = log_dir or os.environ.get("PET_LOG_DIR") or DEFAULT_LOG_DIR
+        return cls(pid_namespace(), str(Path.cwd().resolve()), os.path.realpath(chosen))
+
+    def holds(self, daemon: dict[str, Any]) -> bool:
+        if self.pidns is None or daemon.get("pidns") != self.pidns:
+            return False  # a daemon.json without it (an older daemon) is not known to be here
+        return _real(daemon.get("log_dir")) == self.log_dir or _real(daemon.get("cwd")) == self.cwd
+
+    def describe(self) -> str:
+        return f"pid namespace {self.pidns}, log dir {self.log_dir} or working directory {self.cwd}"
 
 
 def add_commands(sub: Any) -> None:
@@ -43,6 +86,9 @@ def add_commands(sub: Any) -> None:
         p.add_argument("--run-id", default=None, help="the daemon's run id")
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.add_argument("--timeout", type=duration, default=5.0, help="wait this long for the daemon (5, 30s)")
+        p.add_argument("--log-dir", default=None,
+                       help="the run's --log-dir: a daemon writing there is this environment's "
+                            "(default ./ft-supervisor-logs; a daemon started here is too)")  # fmt: skip
         if name == "events":
             p.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
         p.set_defaults(handler=_main, command=name)
@@ -50,22 +96,61 @@ def add_commands(sub: Any) -> None:
 
 def _main(ns: argparse.Namespace) -> int:
     try:
-        daemon = find_daemon(ns.pid, ns.run_id)
+        daemon = find_daemon(ns.pid, ns.run_id, Place.current(ns.log_dir),
+                             read_only=ns.command in ("status", "events"))  # fmt: skip
         if ns.command == "events":
             return _events(daemon, ns)
         data = request(daemon, ns.command, ns.timeout)
         if ns.command == "status":
             data = _with_node_table(daemon, data, ns.timeout)
+    except Ambiguous as exc:
+        if ns.json:
+            print(orjson.dumps({"error": str(exc), "candidates": [_identity(d) for d in exc.candidates]},
+                               option=orjson.OPT_INDENT_2).decode())  # fmt: skip
+        print(f"ft-supervisor {ns.command}: {exc}", file=sys.stderr)
+        for line in candidate_lines(exc.candidates):
+            print(f"  {line}", file=sys.stderr)
+        return EXIT_AMBIGUOUS
     except CtlError as exc:
         print(f"ft-supervisor {ns.command}: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    if ns.command != "status":  # status names its daemon itself
+        data = {**_identity(daemon), **(data if isinstance(data, dict) else {"reply": data})}
     if ns.json:
         print(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
     elif ns.command == "status":
         print(render_status(data))
     else:
-        print(f"ft-supervisor {ns.command}: {format_fields(data)}")
+        print(f"ft-supervisor {ns.command}: {acted(ns.command, data)}")
     return EXIT_OK
+
+
+def _identity(d: dict[str, Any]) -> dict[str, Any]:
+    """What names a daemon to its operator, from the daemon.json it published."""
+    return {"run_id": d.get("run_id"), "pid": d.get("pid"), "run_dir": d.get("run_dir"),
+            "cwd": d.get("cwd"), "log_dir": d.get("log_dir")}  # fmt: skip
+
+
+def acted(command: str, data: dict[str, Any]) -> str:
+    """The line that says what was done, and to which run."""
+    target = f"run {data.get('run_id')}  pid {data.get('pid')}  run dir {data.get('run_dir')}"
+    if command == "stop":
+        return f"stopping {target}"
+    if command == "restart" and "restarting" in data:
+        return f"restarting (generation {data['restarting']} ends) {target}"
+    rest = {k: v for k, v in data.items() if k not in ("run_id", "pid", "run_dir", "cwd", "log_dir")}
+    return f"{target}  {format_fields(rest)}"
+
+
+def candidate_lines(daemons: list[dict[str, Any]]) -> list[str]:
+    own = pid_namespace()
+    lines = []
+    for d in sorted(daemons, key=lambda d: (str(d.get("run_id")), int(d.get("pid") or 0))):
+        line = f"run {d.get('run_id')}  pid {d.get('pid')}  run dir {d.get('run_dir')}  cwd {d.get('cwd')}"
+        if d.get("pidns") not in (None, own):
+            line += f"  (another pid namespace: {d.get('pidns')})"
+        lines.append(line)
+    return lines
 
 
 def _with_node_table(daemon: dict[str, Any], data: Any, timeout: float) -> Any:
@@ -81,18 +166,38 @@ def _with_node_table(daemon: dict[str, Any], data: Any, timeout: float) -> Any:
     return data
 
 
-def find_daemon(pid: int | None, run_id: str | None) -> dict[str, Any]:
-    daemons = [
-        d
-        for d in running_daemons()
-        if (pid is None or d.get("pid") == pid) and (run_id is None or d.get("run_id") == run_id)
-    ]
+def find_daemon(
+    pid: int | None, run_id: str | None, here: Place | None = None, *, read_only: bool = True
+) -> dict[str, Any]:
+    """The daemon a command acts on: the one named, else the one of this environment."""
+    return choose(running_daemons(), pid, run_id, here or Place.current(None), read_only=read_only)
+
+
+def choose(
+    daemons: list[dict[str, Any]], pid: int | None, run_id: str | None, here: Place, *, read_only: bool
+) -> dict[str, Any]:
+    if pid is not None or run_id is not None:
+        # a pid names a process of this pid namespace only
+        named = [d for d in daemons
+                 if (pid is None or (d.get("pid") == pid and d.get("pidns") in (None, here.pidns)))
+                 and (run_id is None or d.get("run_id") == run_id)]  # fmt: skip
+        if not named:
+            raise CtlError("no running ft-supervisor daemon matching that")
+        if len(named) > 1:
+            raise Ambiguous(f"{len(named)} daemons match that: name one with --pid", named)
+        return named[0]
     if not daemons:
-        raise CtlError("no running ft-supervisor daemon found" + (" matching that" if pid or run_id else ""))
-    if len(daemons) > 1:
-        listed = ", ".join(f"pid {d['pid']} (run {d.get('run_id')})" for d in daemons)
-        raise CtlError(f"several daemons run ({listed}): pick one with --pid or --run-id")
-    return daemons[0]
+        raise CtlError("no running ft-supervisor daemon found")
+    local = [d for d in daemons if here.holds(d)]
+    if len(local) == 1:
+        return local[0]
+    if not local and read_only and len(daemons) == 1:
+        return daemons[0]  # reading the user's only daemon changes nothing
+    if local:
+        raise Ambiguous(f"{len(local)} daemons run in this environment ({here.describe()}): "
+                        "name one with --pid or --run-id", local)  # fmt: skip
+    raise Ambiguous(f"no daemon runs in this environment ({here.describe()}), {len(daemons)} of this "
+                    "user's run elsewhere: name one with --pid or --run-id", daemons)  # fmt: skip
 
 
 def request(daemon: dict[str, Any], command: str, timeout: float) -> Any:

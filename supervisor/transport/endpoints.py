@@ -4,7 +4,8 @@
         ranks.sock                ROUTER: messages from the ranks' clients
         control.sock              ROUTER: requests from ``ft-supervisor status|stop|restart``
         events.sock               PUB: every event, topic = event name
-        daemon.json               who listens here (pid, run id, run dir), for discovery
+        daemon.json               who listens here (pid, run id, run dir, and where it runs:
+                                  pid namespace, working directory, log dir), for discovery
 
 <base> is $XDG_RUNTIME_DIR/ft-supervisor, else $TMPDIR/ft-supervisor-<uid>, else
 /tmp/ft-supervisor-<uid>: the first whose socket paths fit in a unix socket
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import stat
 import tempfile
 from dataclasses import dataclass
@@ -104,6 +106,10 @@ class Endpoints:
     def publish_info(self, **info: Any) -> None:
         # its start time tells this daemon from a process that later gets the same pid
         info.setdefault("starttime", process_start(os.getpid()))
+        # where it runs: the control commands act unasked only on a daemon of their own
+        # environment (supervisor.cli.control), and a pid means something only in its namespace
+        info.setdefault("pidns", pid_namespace())
+        info.setdefault("cwd", str(Path.cwd()))
         tmp = self.info.with_suffix(".tmp")
         tmp.write_bytes(orjson.dumps(info))
         tmp.replace(self.info)
@@ -152,17 +158,44 @@ def process_start(pid: int) -> int | None:
         return None
 
 
+def pid_namespace(pid: int | str = "self") -> str | None:
+    """The pid namespace a process runs in (``pid:[4026531836]``), None where unreadable."""
+    try:
+        return str(Path(f"/proc/{pid}/ns/pid").readlink())
+    except OSError:
+        return None
+
+
+def _listening(path: Path) -> bool:
+    """Someone accepts connections on this unix socket: a daemon alive, whatever its pid
+    namespace (where its pid means nothing here)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
 def running_daemons(environ: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Daemons of this user that are alive, from their daemon.json files. The directory of
     one that is gone (a SIGKILLed daemon leaves it) is removed; one whose pid now names
-    another process is skipped."""
+    another process is skipped. One of another pid namespace (a container sharing this
+    directory) is listed while its control socket answers."""
     found = []
     base = base_dir(environ)
+    own_ns = pid_namespace()
     for info in sorted(base.glob("*/daemon.json")):
         try:
             data = orjson.loads(info.read_bytes())
             pid = int(data["pid"])
         except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
+            continue
+        if data.get("pidns") not in (None, own_ns):
+            if _listening(info.parent / "control.sock"):
+                data["dir"] = str(info.parent)
+                found.append(data)
             continue
         try:
             os.kill(pid, 0)

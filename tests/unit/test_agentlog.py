@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from plugins.rules import rule_set
+from ft_supervisor_plugins.rules import rule_set
 from supervisor.core.agentlog import is_launcher_log, launcher_ranks
 from supervisor.core.classify import classify
 from supervisor.core.evidence import Evidence

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from plugins.rules import rule_set
+from ft_supervisor_plugins.rules import rule_set
 from supervisor.core.classify import UNCLASSIFIED, classify
 from supervisor.core.evidence import Evidence
 from supervisor.core.notable import GOING_DOWN, is_notable, says_going_down

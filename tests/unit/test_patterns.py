@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from plugins.rules import rule_set
+from ft_supervisor_plugins.rules import rule_set
 from supervisor.config.errors import ConfigError
 from supervisor.config.policy import user_rules
 from supervisor.core import patterns

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from plugins.rules import builtin_layer, rule_set
+from ft_supervisor_plugins.rules import builtin_layer, rule_set
 from supervisor.core.classify import UNCLASSIFIED, classify, classify_rank
 from supervisor.core.evidence import Evidence
 from supervisor.core.notable import is_notable, notable_lines

@@ -171,7 +171,8 @@ class Supervisor:
         handled = signals.install(self._commands, self.cfg.stop_signals, hosting.reload_signals,
                                   hosting.forward_signals)  # fmt: skip
         self.endpoints.publish_info(
-            pid=os.getpid(), run_id=self.cfg.run_id, run_dir=str(self.rundir.root), started=time.time()
+            pid=os.getpid(), run_id=self.cfg.run_id, run_dir=str(self.rundir.root), started=time.time(),
+            log_dir=str(self.cfg.log_dir),
         )
         self._announce()
         self.judge.announce()
