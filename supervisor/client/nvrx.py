@@ -44,6 +44,8 @@ What differs, on purpose:
 * ``send_workload_control_request`` waits (2 s at most) for the daemon's
   acknowledgement, as NVRx's waits for the launcher's reply, so a rank may exit
   right after it.
+* ``cfg`` holds only the timeouts of NVRx's ``FaultToleranceConfig`` (those in
+  force here): the rest configures NVRx's launcher, which is not running.
 * No daemon (the script run by hand or under plain torchrun): every call is a
   no-op after the client's one warning, instead of NVRx's error.
 * Calls before ``init_workload_monitoring`` raise ``RankMonitorClientError`` as
