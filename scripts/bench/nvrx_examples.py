@@ -10,7 +10,8 @@ both, and, when rank 1 logs the start of epoch 1, sends rank 1 (its pid as the e
 logs it) SIGKILL (crash) or SIGSTOP (hang): the signals of the examples' own
 ``--simulated_fault``, which picks a random rank after a random delay. Printed per run:
 the launcher's exit code, the restarts, the rank its hang detection named (ft-supervisor:
-its decision; ft_launcher: the rank whose monitor logged the expired timeout), seconds
+its decision; ft_launcher: the ranks whose monitors logged an expired timeout, in that
+order, else the worker its agent reported failed), seconds
 from the fault to rank 1 training again, and the run's wall time.
 
 ft_launcher comes from the nvidia-resiliency-ext installed beside ft-supervisor (the
@@ -47,6 +48,8 @@ SIGNALS = {"crash": signal.SIGKILL, "hang": signal.SIGSTOP}
 RUN_TIMEOUT = 300.0
 # ft_launcher's rank monitors: "[time] [WARNING] [RankMonServer<pid>@<host>:<rank>] Did not get ..."
 MONITOR = re.compile(r"\[RankMonServer\d*@[^\]:]*:(\d+)\]")
+# torchrun's agent on a failed worker: "failed (exitcode: -9) local_rank: 1 (pid: ...)"
+FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 EXPIRED = re.compile(r"Did not get (?:initial|subsequent) heartbeat|has been open for|Was out of section")
 
 
@@ -92,7 +95,10 @@ def _blamed(launcher: str, run_dir: Path, text: str) -> str:
     # each rank has its monitor; in the order their timeouts expired
     named = (MONITOR.search(line) for line in lines)
     ranks = list(dict.fromkeys(m.group(1) for m in named if m))
-    return " then ".join(ranks) if ranks else ("timeout, rank not named" if lines else "-")
+    if ranks:
+        return " then ".join(ranks)
+    failed = FAILED.search(text)  # no timeout: a worker's exit (one node: local rank = rank)
+    return f"{failed.group(2)} (exit {failed.group(1)})" if failed else "-"
 
 
 def run_once(example: str, fault: str, launcher_name: str, root: Path) -> Outcome:
