@@ -55,6 +55,7 @@ __all__ = [
     "init",
     "is_active",
     "load_state_dict",
+    "nvrx_served",
     "on_save",
     "report_checkpoint",
     "report_iteration",
@@ -438,6 +439,13 @@ def load_state_dict(state: Mapping[str, Any]) -> None:
         # as the daemon merges it: what it learned itself wins, the loaded state fills gaps
         mine = Learned.from_json(c.timeouts.get("learned"))
         c.timeouts["learned"] = mine.filled_from(Learned.from_json(dict(learned))).to_json()
+
+
+def nvrx_served(version: str | None) -> None:
+    """Tell the daemon this rank's ``nvidia_resiliency_ext.fault_tolerance`` is ours."""
+    c = _held.client or _get()
+    if c is not None:
+        c.send("nvrx", version=None if version is None else str(version)[:64])
 
 
 def shutdown() -> None:

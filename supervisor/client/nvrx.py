@@ -1,10 +1,13 @@
 """nvidia-resiliency-ext's ``RankMonitorClient``, over the ft-supervisor client.
 
-Code written for NVRx's fault-tolerance package runs under ft-supervisor after
-changing one import::
+Code written for NVRx's fault-tolerance package runs under ft-supervisor
+unchanged: in a rank the daemon started, ``import
+nvidia_resiliency_ext.fault_tolerance`` (and its ``rank_monitor_client``) gives
+this module's names (``supervisor.process.bootstrap`` resolves the import to
+``supervisor.client._nvrx_package``; the rest of NVRx stays NVRx's own). Code
+may also import it by our name::
 
-    import nvidia_resiliency_ext.fault_tolerance as fault_tolerance   # before
-    import supervisor.client.nvrx as fault_tolerance                  # after
+    import supervisor.client.nvrx as fault_tolerance
 
     ft_client = fault_tolerance.RankMonitorClient()
     ft_client.init_workload_monitoring()
@@ -41,6 +44,8 @@ What differs, on purpose:
 * ``send_workload_control_request`` waits (2 s at most) for the daemon's
   acknowledgement, as NVRx's waits for the launcher's reply, so a rank may exit
   right after it.
+* ``cfg`` holds only the timeouts of NVRx's ``FaultToleranceConfig`` (those in
+  force here): the rest configures NVRx's launcher, which is not running.
 * No daemon (the script run by hand or under plain torchrun): every call is a
   no-op after the client's one warning, instead of NVRx's error.
 * Calls before ``init_workload_monitoring`` raise ``RankMonitorClientError`` as
@@ -62,6 +67,7 @@ from supervisor.core.learning import Learned
 from supervisor.transport.schema import RequestAction
 
 __all__ = [
+    "ClientConfig",
     "HeartbeatTimeouts",
     "RankMonitorClient",
     "RankMonitorClientError",
@@ -70,6 +76,7 @@ __all__ = [
     "WorkloadControlRequest",
     "apply_learned",
     "learned_from_state",
+    "serve_as_nvrx",
     "to_nvrx_state",
 ]
 
@@ -113,6 +120,17 @@ class SectionTimeouts:
     @property
     def are_valid(self) -> bool:
         return all(t is not None for t in self.section.values()) and self.out_of_section is not None
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """The timeouts part of NVRx's ``FaultToleranceConfig`` (``RankMonitorClient.cfg``, which
+    NVRx's launcher hands its client at init): here those in force for this rank."""
+
+    initial_rank_heartbeat_timeout: float | None = None
+    rank_heartbeat_timeout: float | None = None
+    rank_section_timeouts: Mapping[str, float | None] = field(default_factory=dict)
+    rank_out_of_section_timeout: float | None = None
 
 
 class WorkloadAction(Enum):
@@ -239,6 +257,21 @@ def apply_learned(timeouts: Mapping[str, Any], learned: Learned) -> dict[str, An
 # -- the client -------------------------------------------------------------------------
 
 
+class _Served:
+    """Set when this module's names were imported as ``nvidia_resiliency_ext.fault_tolerance``."""
+
+    as_nvrx = False
+    version: str | None = None  # the rank's nvidia-resiliency-ext, from its package metadata
+    told = False  # the daemon was told (once per process)
+
+
+def serve_as_nvrx(version: str | None) -> None:
+    """Called by ``supervisor.client._nvrx_package``: the daemon hears of it at the first
+    ``init_workload_monitoring`` (its ``nvrx_served`` event)."""
+    _Served.as_nvrx, _Served.version = True, version
+
+
+
 class RankMonitorClient:
     """NVRx's ``RankMonitorClient`` API; one per rank process, like NVRx's."""
 
@@ -261,6 +294,9 @@ class RankMonitorClient:
         if self.is_initialized:
             raise RankMonitorClientError("RankMonitorClient is already initialized")
         self._active = client.init()
+        if self._active and _Served.as_nvrx and not _Served.told:
+            _Served.told = True
+            client.nvrx_served(_Served.version)
         self._view = dict(client.state_dict()[OURS_KEY])
         self._fresh = Learned.from_json(self._view.get("learned"))
         self._heartbeats = 0
@@ -312,6 +348,19 @@ class RankMonitorClient:
         self._open = set()
 
     # -- timeouts --
+
+    @property
+    def cfg(self) -> ClientConfig | None:
+        """The configured timeouts (NVRx's ``cfg``: None before ``init_workload_monitoring``)."""
+        if not self.is_initialized:
+            return None
+        raw = self._view.get("sections")
+        return ClientConfig(
+            initial_rank_heartbeat_timeout=_seconds(self._view.get("initial_heartbeat")),
+            rank_heartbeat_timeout=_seconds(self._view.get("heartbeat")),
+            rank_section_timeouts={str(k): _seconds(v) for k, v in _mapping(raw).items()},
+            rank_out_of_section_timeout=_seconds(self._view.get("out_of_section")),
+        )
 
     @property
     def hb_timeouts(self) -> HeartbeatTimeouts | None:

@@ -28,8 +28,17 @@ The daemon starts each rank as::
    Every thread goes back to SCHED_OTHER before the program runs (the daemon
    does that too, right after writing a standby's go: a standby would otherwise
    wake at idle priority to read it, which a busy node may not allow for seconds).
-4. Run TARGET the way ``python -u script.py`` / ``python -u -m module`` would
-   (KIND ``script`` / ``module``), or exec it (KIND ``exec``, ``--no-python``).
+4. Serve NVRx's client from ours: ``import nvidia_resiliency_ext.fault_tolerance``
+   (and its ``rank_monitor_client``) in the program resolves to
+   ``supervisor.client._nvrx_package`` (NVRx's names over the ft-supervisor
+   client, whose messages are JSON: nothing a rank sends is unpickled). NVRx's
+   own client needs ft_launcher's rank monitor socket, which no daemon offers.
+   Everything else of NVRx stays its own. Where ft-supervisor's client cannot be
+   imported (another ``PYTHON_EXEC`` interpreter) NVRx's own loads, and fails as
+   it would (rule P0-NVRX says why).
+5. Run TARGET the way ``python -u script.py`` / ``python -u -m module`` would
+   (KIND ``script`` / ``module``), or exec it (KIND ``exec``, ``--no-python``: a new
+   program, which 4 does not reach).
    FLAGS (comma separated): ``fast-exit`` skips the last GC passes at exit;
    ``idle``: a standby, see 2.
 
@@ -43,6 +52,7 @@ import os
 import select
 import signal
 import sys
+from collections.abc import Iterable
 
 _PR_SET_PDEATHSIG = 1
 _CAP_SYS_NICE = 23  # capabilities(7)
@@ -166,6 +176,40 @@ def _bind_numa() -> None:
         gpu_index=int(os.environ.get("LOCAL_RANK", "0")),
         numa_options=NumaOptions(affinity_mode=AffinityMode(mode)),
     )
+
+
+_NVRX = "nvidia_resiliency_ext.fault_tolerance"
+_NVRX_SERVED = "supervisor.client._nvrx_package"
+# NVRx's modules that are ours in a rank: name -> whether it is the package
+_NVRX_OURS = {_NVRX: True, _NVRX + ".rank_monitor_client": False}
+
+
+class _NvrxFinder:
+    """A meta path finder: NVRx's fault-tolerance client is ours (see 4 above)."""
+
+    @classmethod
+    def find_spec(cls, fullname: str, path: Iterable[str] | None = None, target: object = None) -> object:
+        if fullname not in _NVRX_OURS:
+            return None
+        import importlib.util  # noqa: PLC0415
+
+        try:
+            ours = importlib.util.find_spec(_NVRX_SERVED)
+        except (ImportError, ValueError):
+            ours = None
+        if ours is None or ours.origin is None:
+            return None  # NVRx's own client then: the error it raises names the cause
+        locations = None
+        if _NVRX_OURS[fullname]:
+            # NVRx's other submodules (config, data, utils...) are found where they are
+            locations = [os.path.join(p, "fault_tolerance") for p in path or ()]
+        return importlib.util.spec_from_file_location(
+            fullname, ours.origin, submodule_search_locations=locations
+        )
+
+
+def _serve_nvrx() -> None:
+    sys.meta_path.insert(0, _NvrxFinder)  # type: ignore[arg-type]
 
 
 def _await_go(fd: int) -> dict[str, str] | None:
@@ -299,6 +343,7 @@ def main(argv: list[str]) -> None:
             unidle()
     if kind != "exec":
         sys.path[0] = _path0(kind, target)
+        _serve_nvrx()  # before the preload, which may import NVRx
         _preload(preload, int(boot_fd))
     _bind_numa()
     env = _await_go(int(boot_fd))

@@ -198,6 +198,16 @@ class Saved:
     seconds: float
 
 
+@dataclass(frozen=True, slots=True)
+class NvrxServed:
+    """The rank imported ``nvidia_resiliency_ext.fault_tolerance`` and got ours in its place
+    (``supervisor.client.nvrx``); ``version``: the rank's nvidia-resiliency-ext, if known."""
+
+    rank: int
+    gen: int
+    version: str | None
+
+
 RankMessage = (
     Hello
     | Heartbeat
@@ -213,6 +223,7 @@ RankMessage = (
     | Bye
     | SaverReady
     | Saved
+    | NvrxServed
 )
 
 
@@ -384,6 +395,7 @@ _DECODERS: dict[str, Callable[[dict[str, Any], int, int], RankMessage]] = {
         rank, gen, _int(m, "pid"), _str(m, "id", optional=True, limit=64)
     ),
     "saved": _decode_saved,
+    "nvrx": lambda m, rank, gen: NvrxServed(rank, gen, _str(m, "version", optional=True, limit=64)),
 }
 
 

@@ -3,16 +3,18 @@ the right timeout, the right action.
 
 Lightning's own BoringModel with FaultToleranceCallback, a script in the style of
 PyTorch's DDP tutorial, NVRx code through the shim (null timeouts and
-calculate_and_set_*), and NVRx's own client unchanged. Each asserts the decision,
-the rank blamed, the timeouts in force afterwards, and that ``ft-supervisor
-classify`` agrees with the daemon's reason.json.
+calculate_and_set_*), and NVRx's client imported unchanged (served by ours; NVRx's own
+outside the rank bootstrap). Each asserts the decision, the rank blamed, the timeouts in
+force afterwards, and that ``ft-supervisor classify`` agrees with the daemon's reason.json.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Callable
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -148,13 +150,28 @@ def test_nvrx_heartbeats_null_timeouts_calculated_at_once_find_a_stopped_rank(
     assert _classify_agrees(d)["last_failure"]["rank"] == 1
 
 
-def test_unchanged_nvrx_code_is_a_setup_error_that_spends_no_restart(start: Start) -> None:
+def test_unchanged_nvrx_code_runs_on_the_daemons_client(start: Start) -> None:
     pytest.importorskip("nvidia_resiliency_ext")
-    d = start("--nproc-per-node", "2", "--max-restarts", "3", str(RANKS / "nvrx_unchanged.py"))
+    d = start("--nproc-per-node", "2", "--preload", "none", str(RANKS / "nvrx_unchanged.py"))
+    assert d.wait(timeout=60) == 0, d.story()
+    assert not d.events("decision")
+    [served] = d.events("nvrx_served")  # once, for both ranks
+    assert served["version"] == version("nvidia-resiliency-ext")
+
+
+def test_unchanged_nvrx_code_outside_the_rank_bootstrap_is_a_setup_error_that_spends_no_restart(
+    start: Start,
+) -> None:
+    # --no-python: the program is exec'd, so NVRx's own client loads and needs ft_launcher
+    pytest.importorskip("nvidia_resiliency_ext")
+    d = start("--nproc-per-node", "2", "--max-restarts", "3", "--no-python",
+              sys.executable, str(RANKS / "nvrx_unchanged.py"))  # fmt: skip
     assert d.wait(timeout=60) == 2, d.stderr()
     [decision] = d.events("decision")
     assert (decision["action"], decision["rule"], decision["restarts_used"]) == ("abort", "P0-NVRX", 0)
+    assert "--no-python" in decision["detail"]
     assert "import supervisor.client.nvrx as fault_tolerance" in decision["detail"]
+    assert not d.events("nvrx_served")
     assert _classify_agrees(d)["classification"]["rule"] == "P0-NVRX"
 
 

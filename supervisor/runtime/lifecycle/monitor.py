@@ -94,6 +94,7 @@ class Monitor:
         self.stepping = asyncio.Event()  # every rank of the generation completed a step
         self._identity: bytes | None = None  # the sender of the message being handled
         self._told_unmonitored = False
+        self._nvrx_served = False  # told once per run, by the first rank that uses it
         self._handler_errors: set[str] = set()  # message kinds whose handling raised (told once)
         # the checkpoint interval advice (runtime.services.checkpoint_interval): a save's time
         # goes to it, and a rank's question is answered from it
@@ -269,7 +270,7 @@ class Monitor:
                 self._progress(watch, m, now)
             case schema.Checkpoint(event=event):
                 self._checkpoint(watch, event)
-            case schema.Hello():
+            case schema.Hello() | schema.NvrxServed():
                 self._hello(m, watch)
             case schema.LoadTimeouts(timeouts=raw):
                 self._load_timeouts(m.rank, raw)
@@ -401,6 +402,17 @@ class Monitor:
             "or have the workload calculate it (calculate_and_set_hb_timeouts)",
         )  # fmt: skip
 
+    def _served_nvrx(self, m: schema.NvrxServed) -> None:
+        """Which NVRx the ranks' unchanged code was written against, once: its client is ours."""
+        if self._nvrx_served:
+            return
+        self._nvrx_served = True
+        self._events.emit(
+            "nvrx_served", logging.INFO, generation=self.generation, rank=m.rank, version=m.version,
+            detail="nvidia_resiliency_ext.fault_tolerance is served by ft-supervisor's client "
+            "(supervisor.client.nvrx); the rest of nvidia-resiliency-ext is its own",
+        )  # fmt: skip
+
     def _answer(self, m: schema.Calculate | schema.AdviceQuery) -> None:
         """A question the workload waits on: the answer comes back on its own socket."""
         if isinstance(m, schema.AdviceQuery):
@@ -427,7 +439,11 @@ class Monitor:
         return {"initial_heartbeat": t.initial_heartbeat, "heartbeat": t.heartbeat,
                 "sections": dict(t.sections), "out_of_section": t.out_of_section}  # fmt: skip
 
-    def _hello(self, m: schema.Hello, watch: RankWatch) -> None:
+    def _hello(self, m: schema.Hello | schema.NvrxServed, watch: RankWatch) -> None:
+        """What a rank says of itself: its process, and which client it is."""
+        if isinstance(m, schema.NvrxServed):
+            self._served_nvrx(m)
+            return
         # a rank's forked children may init the client too: only the rank's
         # own process may be signalled for its stacks
         if m.pid == self.pids.get(m.rank) and m.stack_signal is not None:
