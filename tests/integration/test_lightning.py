@@ -1,4 +1,5 @@
-"""A real Lightning Trainer (DDP over gloo, 2 CPU ranks) under the daemon, with FaultToleranceCallback."""
+"""Real Lightning Trainers (DDP over gloo, 2 CPU ranks) under the daemon, with our callbacks,
+under both of Lightning's import names (lightning.pytorch, pytorch_lightning)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ pytestmark = pytest.mark.torch
 
 Start = Callable[..., Daemon]
 SCRIPT = str(RANKS / "lightning_train.py")
+PACKAGES = str(RANKS / "lightning_packages.py")
 FLAG = "FAULT_TOL_FINISHED_FLAG_FILE"
 SECTIONS = ("--ft-rank-section-timeouts", "setup:120,step:3,checkpointing:60")
 
@@ -41,6 +43,8 @@ def test_autoresume_creates_the_finished_flag_on_success_only(start: Start, tmp_
     assert ok.wait(timeout=120) == 0, ok.stderr()
     assert flag.exists()
     assert not ok.events("rank_hung")
+    # its heartbeats are unused, not a hang left unnoticed: the sections hold the ranks
+    assert not ok.events("heartbeats_unmonitored")
     # max_steps is reached, then every rank raises: a failure, so no flag
     flag = tmp_path / "failed" / "finished"
     failed = start("--nproc-per-node", "2", *SECTIONS,
@@ -49,11 +53,42 @@ def test_autoresume_creates_the_finished_flag_on_success_only(start: Start, tmp_
     assert failed.wait(timeout=120) == 2  # a Python error, no restart left: abort
     assert "RuntimeError: injected failure after training, at step 30" in failed.stderr()
     assert not flag.exists()
-    # without the variable the callback fails at setup, naming it
-    unset = start("--nproc-per-node", "2", SCRIPT, "--ckpt-dir", str(tmp_path / "unset"), *work,
-                  env=_env(None))  # fmt: skip
-    assert unset.wait(timeout=120) == 2
-    assert f"needs the {FLAG} environment variable" in unset.stderr()
+
+
+@pytest.mark.slow
+def test_nvrx_style_sections_callback_under_pytorch_lightning_recovers_from_a_crash(start: Start) -> None:
+    # Lightning's BoringModel under the other import name; the callback built positionally as
+    # NVRx code builds it, autoresume=True without FAULT_TOL_FINISHED_FLAG_FILE in the environment
+    d = start("--nproc-per-node", "2", "--max-restarts", "1", *SECTIONS, PACKAGES,
+              "--package", "pytorch_lightning", "--fail-at", "3", env=_env(None))  # fmt: skip
+    assert d.wait(timeout=120) == 0, d.story()
+    assert [(e["generation"], e["action"], e["rule"]) for e in d.events("decision")] == [(0, "restart", "P9")]
+    # the exception handling policy's request reached the daemon
+    requests = d.events("workload_request")
+    assert requests and {(e["action"], e["reason"]) for e in requests} == {
+        ("continue", "policy saw RuntimeError")
+    }
+    assert all(f"[rank {r} gen 1] finished at step 6 with pytorch_lightning" in d.stdout() for r in (0, 1))
+    # the daemon gave the ranks a finished flag of their own: created, no setup error
+    run_dir = d.run_dir()
+    assert run_dir is not None and (run_dir / "finished").exists()
+    assert not d.events("heartbeats_unmonitored")
+
+
+@pytest.mark.slow
+def test_lightning_pytorch_boring_model_without_the_flag_variable(start: Start) -> None:
+    # the README's line, with section timeouts only, nothing else set: no setup error, no warning
+    d = start("--nproc-per-node", "2", *SECTIONS, PACKAGES, "--package", "lightning.pytorch",
+              "--callback", "FaultToleranceCallback", "--max-steps", "3", "--then-other",
+              env=_env(None))  # fmt: skip
+    assert d.wait(timeout=120) == 0, d.story()
+    run_dir = d.run_dir()
+    assert run_dir is not None and (run_dir / "finished").exists()
+    daemon = [line for line in d.stderr().splitlines() if line.startswith("[ft-supervisor]")]
+    assert daemon and not [line for line in daemon if " WARNING " in line], d.stderr()
+    # once both packages are imported, a callback is one of both: either Trainer takes it alone
+    # (Lightning type-checks a callback given alone), also once pickled (ddp_spawn)
+    assert "[rank 0 gen 0] a callback of both lightning.pytorch and pytorch_lightning" in d.stdout()
 
 
 @pytest.mark.slow
