@@ -153,7 +153,15 @@ class _Reporter:
         self.simulated_fault_params = simulated_fault_params
         self.provided_exp_dir = exp_dir  # unused: learned timeouts live in the daemon's --state-dir
         self.exc_handling_policy = exc_handling_policy
-        self._fault = simulated_fault(simulated_fault_params)  # a bad one fails here
+        if exc_handling_policy is not None and not callable(exc_handling_policy):
+            raise client.SetupError(
+                f"{type(self).__name__}(exc_handling_policy=...): a function of the exception that "
+                f"returns a WorkloadControlRequest, not {exc_handling_policy!r}"
+            )
+        try:  # a bad one fails here, at once, not when the fit starts
+            self._fault = simulated_fault(simulated_fault_params)
+        except ValueError as exc:
+            raise client.SetupError(f"{type(self).__name__}: {exc}") from exc
         self._fault_thread: faults.SimulatedFaultThread | None = None
         self._phase = _TrainingPhase()
         self._finished_flag: Path | None = None

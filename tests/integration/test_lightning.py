@@ -88,7 +88,13 @@ def test_lightning_pytorch_boring_model_without_the_flag_variable(start: Start) 
     assert daemon and not [line for line in daemon if " WARNING " in line], d.stderr()
     # once both packages are imported, a callback is one of both: either Trainer takes it alone
     # (Lightning type-checks a callback given alone), also once pickled (ddp_spawn)
-    assert "[rank 0 gen 0] a callback of both lightning.pytorch and pytorch_lightning" in d.stdout()
+    out = d.stdout()
+    assert "[rank 0 gen 0] a callback of both lightning.pytorch and pytorch_lightning" in out
+    # arguments that cannot work fail at once, as a setup error (rule P0-SETUP: no restart)
+    assert (
+        "SetupError: FaultToleranceSectionsCallback: simulated_fault_params: unknown field(s) ['rank']" in out
+    )
+    assert "SetupError: FaultToleranceSectionsCallback(exc_handling_policy=...): a function" in out
 
 
 @pytest.mark.slow
