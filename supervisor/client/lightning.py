@@ -85,7 +85,6 @@ if not any(importlib.util.find_spec(name.split(".")[0]) for name in PACKAGES):
         "supervisor.client.lightning needs PyTorch Lightning: pip install lightning (or pytorch-lightning)"
     )
 
-log = logging.getLogger(__name__)
 ExcHandlingPolicy = Callable[[BaseException], Any]
 
 
