@@ -169,9 +169,15 @@ class _Reporter:
     # -- Lightning's hooks ---------------------------------------------------------------
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if stage == "fit" and not self._phase.fitting:
+        starting = stage == "fit" and not self._phase.fitting
+        if starting:
             self._start_fit(trainer)
         self._apply(self._phase.setup(stage))
+        f = self._fault
+        if starting and f is not None:  # armed once the fit is monitored, on the rank that is to fail
+            self._fault_thread = faults.setup_simulated_fault(
+                f.fault_type, f.rank, f.base_delay, f.generation
+            )
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, object]) -> None:
         self._apply(self._phase.loaded())
@@ -255,11 +261,6 @@ class _Reporter:
         self._async_saves = hasattr(
             getattr(strategy, "checkpoint_io", None), "maybe_finalize_save_checkpoint"
         )
-        f = self._fault
-        if f is not None:  # armed on the rank that is to fail, for this fit
-            self._fault_thread = faults.setup_simulated_fault(
-                f.fault_type, f.rank, f.base_delay, f.generation
-            )
         if not self.heartbeats and client.is_active():
             self._warn_if_unmonitored()
 

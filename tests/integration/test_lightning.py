@@ -58,27 +58,32 @@ def test_autoresume_creates_the_finished_flag_on_success_only(start: Start, tmp_
 @pytest.mark.slow
 def test_nvrx_style_sections_callback_under_pytorch_lightning_recovers_from_a_crash(start: Start) -> None:
     # Lightning's BoringModel under the other import name; the callback built positionally as
-    # NVRx code builds it, autoresume=True without FAULT_TOL_FINISHED_FLAG_FILE in the environment
+    # NVRx code builds it, autoresume=True without FAULT_TOL_FINISHED_FLAG_FILE in the environment,
+    # and NVRx's simulated_fault_params (plus our generation): rank 1 raises as generation 0 starts
+    fault = '{"fault_type": "exception", "base_delay": 0, "rank_to_fail": 1, "generation": 0}'
     d = start("--nproc-per-node", "2", "--max-restarts", "1", *SECTIONS, PACKAGES,
-              "--package", "pytorch_lightning", "--fail-at", "3", env=_env(None))  # fmt: skip
+              "--package", "pytorch_lightning", "--simulated-fault", fault, env=_env(None))  # fmt: skip
     assert d.wait(timeout=120) == 0, d.story()
-    assert [(e["generation"], e["action"], e["rule"]) for e in d.events("decision")] == [(0, "restart", "P9")]
+    assert [(e["generation"], e["action"], e["rank"]) for e in d.events("decision")] == [(0, "restart", 1)]
+    out = d.stdout()
+    assert "FT: simulating fault: exception on rank 1" in out
+    assert "simulating fault: exception on rank 0" not in out
     # the exception handling policy's request reached the daemon
-    requests = d.events("workload_request")
-    assert requests and {(e["action"], e["reason"]) for e in requests} == {
-        ("continue", "policy saw RuntimeError")
-    }
-    assert all(f"[rank {r} gen 1] finished at step 6 with pytorch_lightning" in d.stdout() for r in (0, 1))
+    requests = {(e["rank"], e["action"], e["reason"]) for e in d.events("workload_request")}
+    assert (1, "continue", "policy saw SimulatedFaultError") in requests
+    assert all(f"[rank {r} gen 1] finished at step 6 with pytorch_lightning" in out for r in (0, 1))
     # the daemon gave the ranks a finished flag of their own: created, no setup error
     run_dir = d.run_dir()
     assert run_dir is not None and (run_dir / "finished").exists()
     assert not d.events("heartbeats_unmonitored")
+    gen1 = (run_dir / "gen_1" / "local_rank_1" / "stdout.log").read_text()
+    assert "simulating fault" not in gen1  # armed for generation 0 only
 
 
 @pytest.mark.slow
 def test_lightning_pytorch_boring_model_without_the_flag_variable(start: Start) -> None:
     # the README's line, with section timeouts only, nothing else set: no setup error, no warning
-    d = start("--nproc-per-node", "2", *SECTIONS, PACKAGES, "--package", "lightning.pytorch",
+    d = start("--nproc-per-node", "1", *SECTIONS, PACKAGES, "--package", "lightning.pytorch",
               "--callback", "FaultToleranceCallback", "--max-steps", "3", "--then-other",
               env=_env(None))  # fmt: skip
     assert d.wait(timeout=120) == 0, d.story()
@@ -95,24 +100,3 @@ def test_lightning_pytorch_boring_model_without_the_flag_variable(start: Start) 
         "SetupError: FaultToleranceSectionsCallback: simulated_fault_params: unknown field(s) ['rank']" in out
     )
     assert "SetupError: FaultToleranceSectionsCallback(exc_handling_policy=...): a function" in out
-
-
-@pytest.mark.slow
-def test_simulated_fault_params_reach_the_faults_module(start: Start, tmp_path: Path) -> None:
-    # nvidia-resiliency-ext's form, plus our generation: rank 1 is killed as generation 0 sets up
-    fault = '{"fault_type": "rank_killed", "base_delay": 0, "rank_to_fail": 1, "generation": 0}'
-    d = start("--nproc-per-node", "2", "--max-restarts", "1", *SECTIONS,
-              SCRIPT, "--ckpt-dir", str(tmp_path / "ckpt"), "--max-steps", "20", "--simulated-fault", fault,
-              env=_env(None))  # fmt: skip
-    assert d.wait(timeout=120) == 0, d.story()
-    gen0 = {e["rank"]: e for e in d.events("rank_exited") if e["generation"] == 0}
-    assert gen0[1].get("signal") == "SIGKILL"
-    out = d.stdout()
-    assert "FT: simulating fault: rank_killed on rank 1" in out
-    assert "simulating fault: rank_killed on rank 0" not in out
-    run_dir = d.run_dir()
-    assert run_dir is not None
-    gen1 = (run_dir / "gen_1" / "local_rank_1" / "stdout.log").read_text()
-    assert "finished at step 20" in gen1
-    assert "simulating fault" not in gen1  # armed for generation 0 only
-    assert "[rank 0 gen 1] finished at step 20" in out
