@@ -46,6 +46,7 @@ from supervisor.transport.schema import MAX_CAUSES, MAX_TRACEBACK, RequestAction
 __all__ = [
     "RequestAction",
     "SaveRequest",
+    "SetupError",
     "advised_checkpoint_interval",
     "calculate_timeouts",
     "checkpoint_interval_advice",
@@ -77,6 +78,12 @@ STACK_SIGNAL = signal.SIGRTMIN + 4
 SHUTDOWN_LINGER_MS = 500
 REQUEST_ACK_TIMEOUT = 2.0
 ADVICE_TIMEOUT = 0.5  # an idle daemon answers in well under a millisecond
+
+
+class SetupError(ValueError):
+    """An integration (``supervisor.client.lightning``...) was given what cannot work; the
+    message says what to change. The daemon aborts the job at once (rule P0-SETUP): a
+    restart would fail the same way."""
 
 
 class _Client:

@@ -1,7 +1,7 @@
-"""What the Lightning callback tells the daemon, and when: pure, testable without Lightning.
+"""What the Lightning callbacks tell the daemon, and when: pure, testable without Lightning.
 
-``supervisor.client.lightning.FaultToleranceCallback`` turns each Lightning hook
-into one call here and sends the operations it gets back. The rules (those of
+``supervisor.client.lightning``'s callbacks turn each Lightning hook into one
+call here and send the operations they get back. The rules (those of
 nvidia-resiliency-ext's ``FaultToleranceSectionsCallback``):
 
 * only a ``fit`` is monitored; ``validate``/``test``/``predict`` runs are not;
@@ -15,11 +15,19 @@ nvidia-resiliency-ext's ``FaultToleranceSectionsCallback``):
   the barrier after it and the removal of stale checkpoint files have completed;
   it also covers what little runs before that hook (the next batch's fetch), as
   no Lightning hook follows a save directly;
-* an exception closes every section and marks the run failed; ``teardown``
-  closes every section;
+* an exception closes every section and marks the run failed, except
+  ``SystemExit(0)`` (how NeMo's preemption callback stops training), which ends
+  the fit as ``teardown`` does; ``teardown`` closes every section;
 * training is complete when ``max_steps`` or ``max_epochs`` was reached, or when
   this run made at most one training step (a run resumed after its time limit),
-  and never after an exception.
+  and never after a failure;
+* with ``calculate_timeouts=True`` the daemon is asked to calculate timeouts at
+  nvidia-resiliency-ext's points, from what it observed (``Calculation``): the
+  heartbeat timeouts once, at the end of a clean fit that loaded a checkpoint and
+  saved one; the sections after each completed save and at the end of a clean
+  fit, each section once what it must cover was seen (``setup``: a checkpoint
+  load; ``step``: more than 16 training steps; ``checkpointing``: a save, unless
+  saves are asynchronous), and the out-of-section time at the end once all three were.
 """
 
 from __future__ import annotations
@@ -36,6 +44,9 @@ SETUP = "setup"
 STEP = "step"
 CHECKPOINTING = "checkpointing"
 FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"
+# nvidia-resiliency-ext's thresholds for a calculation
+MIN_STEPS_FOR_HEARTBEAT_TIMEOUT = 2
+MIN_STEPS_FOR_STEP_TIMEOUT = 16
 
 OpKind = Literal["open", "close", "close_all", "fail_all", "iteration", "heartbeat", "loaded", "saved"]
 
@@ -66,6 +77,18 @@ class Progress:
     max_epochs: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class Calculation:
+    """Timeouts to have the daemon calculate now (``client.calculate_timeouts``)."""
+
+    heartbeat: bool = False
+    sections: tuple[str, ...] = ()
+    out_of_section: bool = False
+
+    def __bool__(self) -> bool:
+        return self.heartbeat or bool(self.sections) or self.out_of_section
+
+
 class _TrainingPhase:
     """The state of one monitored ``fit``: which sections are open, how it ended."""
 
@@ -75,6 +98,10 @@ class _TrainingPhase:
         self.failed = False
         self.train_batches = 0
         self.finished = False  # set by teardown: training is complete
+        self.loaded_checkpoint = False
+        self.saves = 0  # completed in this fit
+        self.saved_since_calculation = False
+        self.heartbeat_calculated = False
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -82,6 +109,8 @@ class _TrainingPhase:
         if stage != "fit" or self.fitting:
             return []
         self.fitting, self.failed, self.train_batches, self.finished = True, False, 0, False
+        self.loaded_checkpoint, self.saves, self.saved_since_calculation = False, 0, False
+        self.heartbeat_calculated = False
         self.open.clear()
         return self._open(SETUP)
 
@@ -111,14 +140,22 @@ class _TrainingPhase:
         """Any hook after a save: the save completed."""
         if CHECKPOINTING not in self.open:
             return []
+        self.saves += 1
+        self.saved_since_calculation = True
         return [*self._close(CHECKPOINTING), SAVED, HEARTBEAT]
 
     def loaded(self) -> list[Op]:
-        return [LOADED] if self.fitting else []
-
-    def exception(self) -> list[Op]:
         if not self.fitting:
             return []
+        self.loaded_checkpoint = True
+        return [LOADED]
+
+    def exception(self, *, stop: bool = False) -> list[Op]:
+        """An exception left the fit; ``stop``: it was ``SystemExit(0)``, a clean stop."""
+        if not self.fitting:
+            return []
+        if stop:
+            return [*self.settle(), *self._end()]
         self.failed = True
         self._end()
         return [FAIL_ALL]  # an exception went through them: no measure of the work
@@ -131,6 +168,34 @@ class _TrainingPhase:
         return [*self.settle(), *self._end()]
 
     # -- decisions ---------------------------------------------------------------------
+
+    def heartbeat_calculation(self) -> Calculation:
+        """At the end of a fit: the heartbeat timeouts, once, when the fit showed what they
+        must cover (a checkpoint load before the first heartbeat, a save between two)."""
+        if self.failed or self.heartbeat_calculated:
+            return Calculation()
+        if (
+            self.train_batches < MIN_STEPS_FOR_HEARTBEAT_TIMEOUT
+            or not self.loaded_checkpoint
+            or not self.saves
+        ):
+            return Calculation()
+        self.heartbeat_calculated = True
+        return Calculation(heartbeat=True)
+
+    def section_calculation(self, *, final: bool, async_saves: bool = False) -> Calculation:
+        """After a completed save (the next training batch's end) and at the end of a fit
+        (``final``): the sections whose work this fit has shown."""
+        if self.failed or not (final or self.saved_since_calculation):
+            return Calculation()
+        self.saved_since_calculation = False
+        chosen = [SETUP] if self.loaded_checkpoint else []
+        if self.train_batches > MIN_STEPS_FOR_STEP_TIMEOUT:
+            chosen.append(STEP)
+        if self.saves and not async_saves:  # asynchronous saves vary too much from run to run
+            chosen.append(CHECKPOINTING)
+        whole = final and self.saves > 0 and {SETUP, STEP} <= set(chosen)
+        return Calculation(sections=tuple(chosen), out_of_section=whole)
 
     def completed(self, progress: Progress) -> bool:
         """Did this fit finish the training (so that no further job is needed)?"""
@@ -168,16 +233,14 @@ def _reached(value: int, limit: int | None) -> bool:
     return limit is not None and limit > 0 and value >= limit
 
 
-def finished_flag_path(environ: Mapping[str, str] = os.environ) -> Path:
-    """The file that tells an outer auto-resume loop that training has finished."""
+def finished_flag_path(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """The file that tells an outer auto-resume loop that training has finished.
+
+    The daemon always sets it (``--finished-flag-file``, else a file in the run
+    directory); None only without a daemon, where no outer loop can be reading it.
+    """
     value = environ.get(FINISHED_FLAG_ENV, "")
-    if not value:
-        raise RuntimeError(
-            f"FaultToleranceCallback(autoresume=True) needs the {FINISHED_FLAG_ENV} environment "
-            "variable: the file to create once training has finished (set it in the job script "
-            "that relaunches training)"
-        )
-    return Path(value)
+    return Path(value) if value else None
 
 
 # nvidia-resiliency-ext's SimulatedFaultParams fields, and the generation (ours)

@@ -43,6 +43,21 @@ def test_autoresume_marks_a_completed_run_and_ranks_see_the_flag(start: Start, t
     assert again.run_dir() is None
 
 
+def test_without_a_flag_file_ranks_get_one_in_the_run_directory(start: Start, tmp_path: Path) -> None:
+    # a rank's "training finished" (Lightning's autoresume=True) always has a place to go
+    dump = tmp_path / "env"
+    dump.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "FAULT_TOL_FINISHED_FLAG_FILE"}
+    d = start(*FAST, ENVDUMP, str(dump), env=env)
+    assert d.wait() == 0, d.story()
+    run_dir = d.run_dir()
+    assert run_dir is not None
+    for r in (0, 1):
+        rank_env = json.loads((dump / f"rank{r}.json").read_text())["env"]
+        assert rank_env["FAULT_TOL_FINISHED_FLAG_FILE"] == str(run_dir / "finished")
+    assert not d.events("finished_flag_written")  # the daemon itself writes none
+
+
 def test_a_failed_run_leaves_no_flag(start: Start, tmp_path: Path) -> None:
     flag = tmp_path / "finished"
     env = {**os.environ, "FAULT_TOL_FINISHED_FLAG_FILE": str(flag)}  # as ft_launcher users set it

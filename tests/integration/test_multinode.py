@@ -91,6 +91,7 @@ def test_ranks_get_the_environment_torchrun_gives_them_on_every_node(
     for rank in a:
         assert {k: a[rank][k] for k in same} == {k: b[rank][k] for k in same}, rank
         ours_only = {k for k in b[rank] if k.startswith("FT_SUPERVISOR_")} | FLIGHT_RECORDER
+        ours_only.add("FAULT_TOL_FINISHED_FLAG_FILE")  # always given: "training finished" has a place
         # torch's own opt-out of sharing the agent's store: we never use it
         assert set(a[rank]) == set(b[rank]) - ours_only - {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
     # one master for the whole job, picked by node 0, a fresh port

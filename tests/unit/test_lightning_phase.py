@@ -1,7 +1,10 @@
-"""The Lightning callback's decisions, without Lightning: sections, steps, saves, completion."""
+"""The Lightning callbacks' decisions, without Lightning: sections, steps, saves, completion,
+calculations; and their arguments against nvidia-resiliency-ext's."""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ from supervisor.client._lightning_phase import (
     HEARTBEAT,
     LOADED,
     SAVED,
+    Calculation,
     Op,
     Progress,
     _TrainingPhase,
@@ -129,6 +133,73 @@ def test_an_exception_closes_everything_and_never_counts_as_finished() -> None:
     assert phase.exception() == []
 
 
+def test_a_clean_stop_ends_the_fit_as_teardown_does() -> None:
+    phase = _fitting()
+    phase.batch_start(training=True)
+    phase.save_started()
+    # SystemExit(0), NeMo's preemption stop: the save completed, the sections were healthy
+    assert phase.exception(stop=True) == [Op("close", "checkpointing"), SAVED, HEARTBEAT, CLOSE_ALL]
+    assert not phase.failed and not phase.fitting
+    assert phase.completed(_progress(step=100))
+
+
+def _trained(steps: int, *, loaded: bool = False, saves: int = 0) -> _TrainingPhase:
+    phase = _fitting()
+    if loaded:
+        phase.loaded()
+    for step in range(steps):
+        phase.batch_start(training=True)
+        phase.batch_end(step)
+        if step < saves:
+            phase.save_started()
+    phase.settle()
+    return phase
+
+
+@pytest.mark.parametrize(
+    ("steps", "loaded", "saves", "final", "expected"),
+    [
+        # nvidia-resiliency-ext's points: a section once the fit showed what it must cover
+        (17, True, 1, True, Calculation(sections=("setup", "step", "checkpointing"), out_of_section=True)),
+        (17, True, 1, False, Calculation(sections=("setup", "step", "checkpointing"))),
+        (16, True, 1, True, Calculation(sections=("setup", "checkpointing"))),  # step needs > 16
+        (17, False, 1, True, Calculation(sections=("step", "checkpointing"))),  # setup needs a load
+        (17, True, 0, True, Calculation(sections=("setup", "step"))),  # no save: no out-of-section
+        (17, True, 0, False, Calculation()),  # during the fit: only after a save
+        (1, False, 0, True, Calculation()),
+    ],
+)
+def test_sections_to_calculate(
+    steps: int, loaded: bool, saves: int, final: bool, expected: Calculation
+) -> None:
+    phase = _trained(steps, loaded=loaded, saves=saves)
+    assert phase.section_calculation(final=final) == expected
+    if saves and not final:
+        assert not phase.section_calculation(final=False)  # once per save
+
+
+def test_asynchronous_saves_teach_no_checkpointing_timeout() -> None:
+    phase = _trained(17, loaded=True, saves=1)
+    expected = Calculation(sections=("setup", "step"), out_of_section=True)
+    assert phase.section_calculation(final=True, async_saves=True) == expected
+
+
+def test_heartbeat_timeouts_are_calculated_once_after_a_load_and_a_save() -> None:
+    assert not _trained(5, loaded=False, saves=1).heartbeat_calculation()
+    assert not _trained(5, loaded=True, saves=0).heartbeat_calculation()
+    assert not _trained(1, loaded=True, saves=1).heartbeat_calculation()
+    phase = _trained(2, loaded=True, saves=1)
+    assert phase.heartbeat_calculation() == Calculation(heartbeat=True)
+    assert not phase.heartbeat_calculation()
+
+
+def test_a_failed_fit_calculates_nothing() -> None:
+    phase = _trained(20, loaded=True, saves=2)
+    phase.exception()
+    assert not phase.heartbeat_calculation()
+    assert not phase.section_calculation(final=True)
+
+
 def test_a_new_fit_starts_afresh() -> None:
     phase = _fitting()
     phase.batch_start(training=True)
@@ -210,9 +281,64 @@ def test_any_hook_order_keeps_sections_consistent(hooks: list[str]) -> None:
 def test_the_finished_flag_file_comes_from_the_environment(tmp_path: Path) -> None:
     flag = tmp_path / "done"
     assert finished_flag_path({FINISHED_FLAG_ENV: str(flag)}) == flag
-    for environ in ({}, {FINISHED_FLAG_ENV: ""}):
-        with pytest.raises(RuntimeError, match=FINISHED_FLAG_ENV):
-            finished_flag_path(environ)
+    # no daemon (which always sets it) and no outer loop: nothing to create, no setup error
+    assert finished_flag_path({}) is None
+    assert finished_flag_path({FINISHED_FLAG_ENV: ""}) is None
+
+
+def _nvrx_parameters(module: str, name: str) -> list[str]:
+    """The parameters of nvidia-resiliency-ext's callback, read from its source (importing
+    it would import NVRx's client and Lightning)."""
+    spec = importlib.util.find_spec("nvidia_resiliency_ext.ptl_resiliency")
+    assert spec is not None and spec.submodule_search_locations
+    source = Path(spec.submodule_search_locations[0]) / f"{module}.py"
+    cls = next(
+        n for n in ast.walk(ast.parse(source.read_text())) if isinstance(n, ast.ClassDef) and n.name == name
+    )
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    assert not init.args.kwonlyargs
+    return [a.arg for a in init.args.args[1:]]
+
+
+# what the current nvidia-resiliency-ext (main) has, beyond the 0.4.1 installed here
+NVRX_MAIN = ["autoresume", "calculate_timeouts", "simulated_fault_params", "exp_dir", "logger_name"]
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("fault_tolerance_callback", "FaultToleranceCallback"),
+        ("fault_tolerance_sections_callback", "FaultToleranceSectionsCallback"),
+    ],
+)
+def test_the_callbacks_take_nvidia_resiliency_ext_arguments_in_its_order(module: str, name: str) -> None:
+    import inspect  # noqa: PLC0415
+
+    # importing the integration imports no Lightning (only a callback's creation does)
+    lightning = pytest.importorskip("supervisor.client.lightning")
+
+    ours = inspect.signature(getattr(lightning, name).__init__).parameters
+    positional = [p for p, v in ours.items() if v.kind is v.POSITIONAL_OR_KEYWORD][1:]
+    for theirs in (_nvrx_parameters(module, name), NVRX_MAIN):
+        assert positional[: len(theirs)] == theirs
+    assert positional == [*NVRX_MAIN, "exc_handling_policy"]  # the sections callback's last one
+
+
+def test_a_callback_is_made_one_of_each_lightning_package_the_process_imported() -> None:
+    callback_bases = pytest.importorskip("supervisor.client.lightning").callback_bases
+
+    class Lit:
+        class Callback: ...
+
+    class Ptl:
+        class Callback: ...
+
+    assert callback_bases({"lightning.pytorch": Lit}) == (Lit.Callback,)
+    assert callback_bases({"pytorch_lightning": Ptl}) == (Ptl.Callback,)
+    assert callback_bases({"pytorch_lightning": Ptl, "lightning.pytorch": Lit}) == (
+        Lit.Callback,
+        Ptl.Callback,
+    )
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
@@ -220,8 +346,9 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_client_never_imports_lightning() -> None:
+    # nor does the integration: it picks the package when a callback is made, from the imported one
     r = _python(
-        "import sys, supervisor.client, supervisor.client._lightning_phase\n"
+        "import sys, supervisor.client, supervisor.client._lightning_phase, supervisor.client.lightning\n"
         "assert not [m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')]"
     )
     assert r.returncode == 0, r.stderr
@@ -230,12 +357,13 @@ def test_the_client_never_imports_lightning() -> None:
 def test_without_lightning_the_integration_says_what_to_install() -> None:
     r = _python(
         "import sys\n"
-        "sys.modules['lightning'] = sys.modules['lightning.pytorch'] = None\n"
+        "sys.modules['lightning'] = sys.modules['pytorch_lightning'] = None\n"
         "import supervisor.client.lightning"
     )
     assert r.returncode == 1
     assert (
-        "ImportError: supervisor.client.lightning needs PyTorch Lightning: pip install lightning" in r.stderr
+        "ImportError: supervisor.client.lightning needs PyTorch Lightning: pip install lightning "
+        "(or pytorch-lightning)" in r.stderr
     )
 
 

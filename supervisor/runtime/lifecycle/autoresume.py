@@ -20,10 +20,14 @@ from supervisor.runtime.records.reason import write_atomically
 ENV = "FAULT_TOL_FINISHED_FLAG_FILE"
 
 
-def export(flag: Path | None) -> None:
-    """Ranks learn the file's name from their environment (as under ft_launcher)."""
-    if flag is not None:
-        os.environ[ENV] = str(flag)
+def export(flag: Path | None, run_dir: Path) -> None:
+    """Ranks learn the file's name from their environment (as under ft_launcher).
+
+    Without a configured file they get one in the run directory, so that a rank's
+    "training finished" (the Lightning callback's ``autoresume=True``) always has a
+    place to go instead of failing the job's setup; no outer loop reads that one.
+    """
+    os.environ[ENV] = str(flag if flag is not None else run_dir / "finished")
 
 
 def mark_finished(flag: Path, run_id: str) -> None:

@@ -392,8 +392,13 @@ class Monitor:
                 self._sync.send_multipart([self._identity, reply], zmq.NOBLOCK)
 
     def _unmonitored(self, rank: int) -> None:
-        """Heartbeats nobody holds the rank to: say so once, a hang would go unnoticed."""
-        if self.timeouts.heartbeat is not None or self._told_unmonitored:
+        """Heartbeats nobody holds the rank to: say so once, a hang would go unnoticed.
+
+        Not where sections or the out-of-section time hold it (Lightning's callback sends
+        both): the heartbeats are then merely unused, and a hang is still caught.
+        """
+        t = self.timeouts
+        if t.heartbeat is not None or t.sections or t.out_of_section is not None or self._told_unmonitored:
             return
         self._told_unmonitored = True
         self._events.emit(

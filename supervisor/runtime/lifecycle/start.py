@@ -49,12 +49,12 @@ def run_daemon(config: RunConfig) -> int:
         if flag is not None and flag.exists():
             logger.info("already_finished", extra={"fields": {"finished_flag": str(flag), "exit_code": 0}})
             return EXIT_SUCCESS  # an auto-resume loop relaunched a run whose training is complete
-        autoresume.export(flag)
         try:
             rundir = RunDir.create(config.log_dir, config.run_id, os.getpid(), time.time())
         except OSError as exc:
             logger.error("cannot create the run directory under %s: %s", config.log_dir, exc)  # noqa: TRY400
             return EXIT_USAGE
+        autoresume.export(flag, rundir.root)
         with asyncio.Runner(loop_factory=_loop_factory) as runner:
             return runner.run(_supervise(config, rundir, logger, console))
     except Exception:
