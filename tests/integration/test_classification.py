@@ -178,7 +178,7 @@ def test_bad_policy_options_fail_with_a_clear_message(start: Start, tmp_path: Pa
         (("--policy-preset", "retry,teleport"), "unknown policy preset(s) ['teleport']"),
         (("--rules", str(bad)), "is not a valid regex"),
         (("--rules", str(tmp_path / "none.toml")), "cannot read it"),
-        (("--restart-window", "-3"), "--restart-window -3.0: must be > 0"),
+        (("--restart-window", "-3"), "--restart-window '-3': a duration cannot be negative"),
     ):
         d = start(*FAST, *args, FAILS)
         assert d.wait() == 2
