@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from supervisor.core.lingering import overdue
 from supervisor.core.states import GroupResult, RankState, group_result
 from supervisor.core.topology import Topology
 from supervisor.core.types import Decision, ExitStatus, RankExit, signal_name
@@ -49,6 +50,10 @@ class Generation:
         # local rank -> when (monotonic) it reported a failure (error file, client) while alive
         self.reported: dict[int, float] = {}
         self.stuck: set[int] = set()  # reported a failure, then did not exit within the grace
+        # local rank -> when (monotonic) it was found still running --exit-grace after every
+        # other rank exited 0 (supervisor.core.lingering); those judged done with their work
+        self.lingering: dict[int, float] = {}
+        self.lingering_done: set[int] = set()
         self.restart_requested = False  # by an operator (ft-supervisor restart)
         self.decided: Decision | None = None  # by the daemon while the ranks ran (a straggler)
         # wall-clock time the termination procedure began: anything a rank
@@ -69,7 +74,12 @@ class Generation:
     def result(self) -> GroupResult:
         if self.hangs or self.stuck or self.missed:  # stopped by us, but the generation failed
             return GroupResult.FAILED
-        return group_result({lr: r.state for lr, r in self.ranks.items()})
+        states = {lr: r.state for lr, r in self.ranks.items()}
+        if self.lingering_done and all(
+            s is RankState.SUCCEEDED or lr in self.lingering_done for lr, s in states.items()
+        ):
+            return GroupResult.SUCCEEDED  # ended by us on its way out, its work done
+        return group_result(states)
 
     def add(self, rank: RankProcess) -> None:
         """Add (or replace) the rank of a local rank slot; ``watch`` it next."""
@@ -130,6 +140,21 @@ class Generation:
                                   rank=rank.slot.rank, pid=rank.pid, waited=round(now - seen, 3))  # fmt: skip
                 self.stuck.add(lr)
                 self.ended.set()
+
+    def check_lingering(self, grace: float) -> None:
+        """A rank still running ``grace`` s after every other rank of the generation
+        exited 0 ends it (stuck on its way out, or in its work: examined next). Only
+        where this node's ranks are the whole job: elsewhere, peers on other nodes may
+        still be training."""
+        # a rank that reported its failure is check_exits' to end, and the run failed
+        if not self.started or self.ended.is_set() or self.topology.nnodes != 1 or self.reported:
+            return
+        now = self._clock.monotonic()
+        states = {lr: r.state for lr, r in self.ranks.items()}
+        found = overdue(states, {lr: e.at for lr, e in self.exits.items()}, now, grace)
+        if found:
+            self.lingering.update(dict.fromkeys(found, now))
+            self.ended.set()
 
     def request_restart(self) -> None:
         self.restart_requested = True
