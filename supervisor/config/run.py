@@ -121,9 +121,13 @@ def parse_ranks_filter(value: str, nproc: int) -> frozenset[int] | None:
 
 
 # What a distributed torch script ends up importing: DistributedDataParallel
-# (and FSDP, and torch.compile) import torch._dynamo lazily, 800 modules and
-# about 1 s, on the first construction; a standby pays it instead.
-TORCH_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
+# (and FSDP, torch.optim's first step, torch.compile) import torch._dynamo lazily,
+# 800 modules and about 2 s of CPU; a standby pays most of it instead: sympy and
+# the symbolic shapes, DTensor, FSDP. Not torch._dynamo itself: imported before
+# the script, it made gloo's teardown deadlock at exit (issue 22: 4 of 10 runs of
+# pytorch/examples' DDP tutorial never ended); the script imports it, as under torchrun.
+TORCH_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.fx.experimental.symbolic_shapes",
+                 "torch.distributed.tensor", "torch.distributed.fsdp")  # fmt: skip
 
 
 def safe_name(name: str) -> str:
