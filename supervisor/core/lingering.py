@@ -3,9 +3,11 @@
 Its peers finished: it is either stuck on its way out (a gloo process group's
 destructor waiting for a worker thread that waits for the GIL, an atexit handler,
 a non-daemon thread that never ends) or stuck in its own work. Without a look, it
-would be waited for without end. Three pure questions, time a parameter:
+would be waited for without end. Four pure questions, time a parameter:
 
 * ``overdue``: which ranks have lingered ``grace`` seconds past their last peer's exit;
+* ``idle``: whether such a rank does nothing (a rank still writing its final
+  checkpoint is not stuck: it is left to finish);
 * ``where_stuck``: from its stacks (faulthandler's dump, py-spy's native dump), is
   it past its program (tearing down) and where it stands;
 * ``verdict``: the run's outcome: a success when the rank had finished its work
@@ -39,6 +41,22 @@ def overdue(
     if last is None or now - last < grace:
         return ()
     return tuple(sorted(running))
+
+
+IDLE_CPU = 0.05  # share of one CPU below which a lingering rank does no work of its own
+IDLE_IO = 1 << 20  # bytes a second read or written below which it does no work either
+WINDOW = 1.0  # seconds, at most, over which a lingering rank's activity is measured
+
+
+def idle(before: tuple[float, int] | None, after: tuple[float, int] | None, seconds: float) -> bool:
+    """Did a lingering rank do nothing over ``seconds`` (CPU seconds, bytes read or
+    written, before and after)? A deadlocked teardown does nothing; a rank writing
+    its final checkpoint after its peers left works, and is left to finish. What
+    cannot be read counts as idle: the rank is then ended, as it would have been."""
+    if before is None or after is None or seconds <= 0:
+        return True
+    cpu, io = after[0] - before[0], after[1] - before[1]
+    return cpu < IDLE_CPU * seconds and io < IDLE_IO * seconds
 
 
 # py-spy's dump: a thread header, then one frame a line, innermost first; a Python

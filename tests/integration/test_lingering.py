@@ -46,3 +46,13 @@ def test_a_rank_still_in_its_loop_when_its_peers_are_done_fails_the_run_and_says
     (decision,) = d.events("decision")
     assert (decision["action"], decision["reason"]) == ("abort", "rank_hung"), decision
     assert "not past its work: its last iteration 2, its peers' 5" in decision["detail"], decision
+
+
+def test_a_rank_still_writing_after_its_peers_left_is_left_to_finish(start: Start) -> None:
+    d = start(*FAST, LINGERS, "--how", "save", "--save-time", "2.5")
+    assert d.wait(60) == 0, d.story()
+    assert not d.events("rank_exit_stuck")
+    (slow,) = d.events("rank_exit_slow")
+    assert slow["rank"] == 1
+    exited = next(e for e in d.events("rank_exited") if e["rank"] == 1)
+    assert (exited["exit_code"], exited["signal"]) == (0, None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.core.lingering import Stuck, finished_work, overdue, verdict, where_stuck
+from supervisor.core.lingering import Stuck, finished_work, idle, overdue, verdict, where_stuck
 from supervisor.core.states import RankState
 from supervisor.core.types import Action, Reason
 
@@ -24,6 +24,13 @@ def test_nobody_is_overdue_while_a_peer_runs_failed_or_there_is_no_peer() -> Non
     assert overdue({0: F, 1: R}, {0: 1.0}, now=100.0, grace=1.0) == ()  # a failure: judged as one
     assert overdue({0: R}, {}, now=100.0, grace=1.0) == ()  # alone: a long run looks the same
     assert overdue({0: S, 1: S}, {0: 1.0, 1: 1.0}, now=100.0, grace=1.0) == ()
+
+
+def test_a_lingering_rank_that_uses_cpu_or_writes_is_working_not_stuck() -> None:
+    assert idle((3.0, 1000), (3.01, 1000), seconds=1.0)  # a deadlock: no CPU, no I/O
+    assert not idle((3.0, 1000), (3.5, 1000), seconds=1.0)  # half a CPU
+    assert not idle((3.0, 1000), (3.0, 1000 + (8 << 20)), seconds=1.0)  # 8 MiB written
+    assert idle(None, (3.5, 1000), seconds=1.0)  # unreadable: ended, as before
 
 
 def test_the_gloo_teardown_deadlock_of_the_ddp_tutorial_is_past_the_program() -> None:

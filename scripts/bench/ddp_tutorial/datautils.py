@@ -1,5 +1,6 @@
 # From pytorch/examples, distributed/ddp-tutorial-series/datautils.py (commit 77f55b9),
 # BSD 3-Clause License, Copyright (c) 2017, Pytorch contributors. Unchanged.
+# ruff: noqa  (kept as upstream wrote it)
 import torch
 from torch.utils.data import Dataset
 

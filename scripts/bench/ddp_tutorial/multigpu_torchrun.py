@@ -1,6 +1,7 @@
 # From pytorch/examples, distributed/ddp-tutorial-series/multigpu_torchrun.py (commit 77f55b9),
 # BSD 3-Clause License, Copyright (c) 2017, Pytorch contributors. Only its CUDA calls are
 # changed, for CPU and gloo (each change marked "CPU:"); used by scripts/bench/exit_hang.py.
+# ruff: noqa  (kept as upstream wrote it)
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, DataLoader

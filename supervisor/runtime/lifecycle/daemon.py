@@ -42,6 +42,7 @@ from supervisor.core.watch import Hang
 from supervisor.process.evidence import error_file_time
 from supervisor.process.orphans import OrphanGuard
 from supervisor.process.spawn import RankProcess
+from supervisor.process.stacks import activity
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller
 from supervisor.runtime.clock import Clock
@@ -548,7 +549,7 @@ class Supervisor:
         gen = self._current
         if gen is not None:
             gen.check_exits(self.cfg.exit_grace, self._reported)
-            gen.check_lingering(self.cfg.exit_grace)
+            gen.check_lingering(self.cfg.exit_grace, activity)
 
     def _reported(self, rank: RankProcess) -> str | None:
         """How the live ``rank`` said it failed, if it did."""
