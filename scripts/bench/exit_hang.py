@@ -4,7 +4,7 @@ ft-supervisor with a SIGKILL of rank 1 mid-run, per ``--preload`` list.
 How to run (from the repository root, in the project's virtualenv)::
 
     .venv/bin/python scripts/bench/exit_hang.py                      # 3 runs of each variant
-    .venv/bin/python scripts/bench/exit_hang.py --runs 20 --variants new
+    .venv/bin/python scripts/bench/exit_hang.py --runs 20 --variants default
 
 Each run starts ``ft-supervisor run --nproc-per-node 2 --max-restarts 1 --preload <list>``
 on ``scripts/bench/ddp_tutorial/multigpu_torchrun.py`` (the tutorial, CPU and gloo) in a
@@ -17,7 +17,8 @@ and finish. Variants are interleaved run by run. Per run:
   polled every 20 ms);
 * end: the time from the last rank's last ``Epoch`` line to the launcher's exit, and
   whether a rank hung at exit (the daemon's ``rank_exit_stuck`` event, or the launcher
-  still running at ``--timeout``).
+  still running at ``--timeout``). A run whose training ended before the standbys were
+  ready had no SIGKILL: it shows no restart figure.
 
 The table shows medians. Standard library only; every run has a deadline, and the
 launcher's process group is killed when it is reached.
@@ -43,9 +44,10 @@ REPO = Path(__file__).resolve().parents[2]
 TUTORIAL = REPO / "scripts" / "bench" / "ddp_tutorial" / "multigpu_torchrun.py"
 BASE = "torch,torch.distributed,torch.nn.parallel"
 VARIANTS = {
-    "old": f"{BASE},torch._dynamo",  # the default before issue 22
-    "new": None,  # the default now: whatever the daemon picks
-    "base": BASE,
+    "dynamo": f"{BASE},torch._dynamo",  # the default before issue 22
+    # what torch._dynamo costs to import, without it
+    "wide": f"{BASE},torch.fx.experimental.symbolic_shapes,torch.distributed.tensor,torch.distributed.fsdp",
+    "default": None,  # whatever the daemon picks (torch, torch.distributed, torch.nn.parallel)
 }
 POLL = 0.02
 
@@ -133,7 +135,7 @@ def _exited_at(logs: Path) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--variants", default="old,new,base", help=f"of {','.join(VARIANTS)}")
+    p.add_argument("--variants", default="dynamo,wide,default", help=f"of {','.join(VARIANTS)}")
     p.add_argument("--epochs", type=int, default=100, help="the tutorial's total_epochs")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per run")
     p.add_argument("--exit-grace", type=float, default=10.0)
@@ -150,7 +152,7 @@ def main() -> int:
             work.mkdir(parents=True, exist_ok=True)
             r = one(v, work, a.epochs, a.timeout, a.exit_grace)
             results.append(r)
-            print(f"{v:5} run {n}: restart {r.restart_s} s, end {r.end_s} s, exit stuck {r.exit_stuck}, "
+            print(f"{v:7} run {n}: restart {r.restart_s} s, end {r.end_s} s, exit stuck {r.exit_stuck}, "
                   f"code {r.code}", flush=True)  # fmt: skip
     head = f"{'runs':>4} {'stuck at exit':>13} {'restart s (median)':>18} {'end s (median)':>14}"
     print(f"\n{'preload':48} {head}")
@@ -158,7 +160,7 @@ def main() -> int:
         rs = [r for r in results if r.variant == v]
         restart = [r.restart_s for r in rs if r.restart_s is not None]
         end = [r.end_s for r in rs if r.end_s is not None and not r.exit_stuck]
-        label = VARIANTS[v] or "default (new)"
+        label = VARIANTS[v] or "default"
         print(f"{label:48} {len(rs):>4} {sum(r.exit_stuck for r in rs):>13} "
               f"{statistics.median(restart) if restart else float('nan'):>18.2f} "
               f"{statistics.median(end) if end else float('nan'):>14.2f}")  # fmt: skip

@@ -120,14 +120,13 @@ def parse_ranks_filter(value: str, nproc: int) -> frozenset[int] | None:
     return ranks
 
 
-# What a distributed torch script ends up importing: DistributedDataParallel
-# (and FSDP, torch.optim's first step, torch.compile) import torch._dynamo lazily,
-# 800 modules and about 2 s of CPU; a standby pays most of it instead: sympy and
-# the symbolic shapes, DTensor, FSDP. Not torch._dynamo itself: imported before
-# the script, it made gloo's teardown deadlock at exit (issue 22: 4 of 10 runs of
-# pytorch/examples' DDP tutorial never ended); the script imports it, as under torchrun.
-TORCH_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.fx.experimental.symbolic_shapes",
-                 "torch.distributed.tensor", "torch.distributed.fsdp")  # fmt: skip
+# What a distributed torch script imports first. Not what DistributedDataParallel
+# (and FSDP, torch.optim's first step, torch.compile) imports lazily, torch._dynamo and
+# its 800 modules (about 1.4 s of a restart): with it, or with sympy and DTensor in its
+# place, preloaded before the script, gloo's teardown deadlocked at exit far more often
+# (issue 22: pytorch/examples' DDP tutorial with a SIGKILL, 7 of 18 runs with _dynamo,
+# 2 of 11 with sympy, DTensor and FSDP, 0 of 15 with this list, as under torchrun).
+TORCH_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel")
 
 
 def safe_name(name: str) -> str:
