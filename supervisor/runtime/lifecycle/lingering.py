@@ -32,6 +32,9 @@ async def examine(
     if not gen.lingering:
         return
     noticed = min(gen.lingering.values())
+    # when the last of the others exited 0: how long a lingering rank outlived them
+    exits = [e.at for lr, e in gen.exits.items() if lr not in gen.lingering]
+    peers_gone = max(exits, default=noticed - grace)
     readings, got = await asyncio.gather(
         aftermath.collect_stacks(gen, monitor, stack_timeout, events), bundle.gather(gen, bundle_timeout)
     )
@@ -47,7 +50,7 @@ async def examine(
         native = got.native.get(lr)
         stuck = where_stuck(gen.stacks.get(lr), None if native is None else native.text)
         finished = finished_work(iteration, peers_last, watch is not None and watch.closed)
-        waited = grace + clock.monotonic() - gen.lingering[lr]
+        waited = clock.monotonic() - peers_gone
         decision, why = verdict(rank, waited=waited, finished=finished, stuck=stuck, iteration=iteration,
                                 peers_last=peers_last, restarts_left=restarts_left)  # fmt: skip
         entry: dict[str, Any] = {
