@@ -140,7 +140,8 @@ class Generation:
                                       pid=rank.pid, exit_grace=grace, how=how)  # fmt: skip
             elif now - seen >= grace:
                 self._events.emit("rank_exit_stuck", logging.WARNING, generation=self.number,
-                                  rank=rank.slot.rank, pid=rank.pid, waited=round(now - seen, 3))  # fmt: skip
+                                  after="failure_reported", rank=rank.slot.rank, pid=rank.pid,
+                                  waited=round(now - seen, 3))  # fmt: skip
                 self.stuck.add(lr)
                 self.ended.set()
 
