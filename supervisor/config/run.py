@@ -124,8 +124,8 @@ def parse_ranks_filter(value: str, nproc: int) -> frozenset[int] | None:
 # (and FSDP, torch.optim's first step, torch.compile) imports lazily, torch._dynamo and
 # its 800 modules (about 1.4 s of a restart): with it, or with sympy and DTensor in its
 # place, preloaded before the script, gloo's teardown deadlocked at exit far more often
-# (issue 22: pytorch/examples' DDP tutorial with a SIGKILL, 7 of 18 runs with _dynamo,
-# 2 of 11 with sympy, DTensor and FSDP, 0 of 15 with this list, as under torchrun).
+# (issue 22: pytorch/examples' DDP tutorial with a SIGKILL, 7 of 21 runs with _dynamo,
+# 2 of 12 with sympy, DTensor and FSDP, 0 of 32 with this list, as under torchrun).
 TORCH_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel")
 
 
