@@ -165,8 +165,8 @@ def add_supervisor_options(f: Any) -> None:
         "--exit-grace",
         type=durations.duration,
         default=10.0,
-        help="seconds a rank that reported its failure (error file, client) may take to exit "
-        "before it is killed",
+        help="seconds a rank that reported its failure (error file, client), or that still runs "
+        "after every other rank exited 0, may take to exit before it is killed",
     )
     _opt(
         f,

@@ -155,10 +155,13 @@ def parse_ranks_filter(value: str, nproc: int) -> frozenset[int] | None:
     return ranks
 
 
-# What a distributed torch script ends up importing: DistributedDataParallel
-# (and FSDP, and torch.compile) import torch._dynamo lazily, 800 modules and
-# about 1 s, on the first construction; a standby pays it instead.
-TORCH_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
+# What a distributed torch script imports first. Not what DistributedDataParallel
+# (and FSDP, torch.optim's first step, torch.compile) imports lazily, torch._dynamo and
+# its 800 modules (about 1.4 s of a restart): with it, or with sympy and DTensor in its
+# place, preloaded before the script, gloo's teardown deadlocked at exit far more often
+# (issue 22: pytorch/examples' DDP tutorial with a SIGKILL, 7 of 21 runs with _dynamo,
+# 2 of 12 with sympy, DTensor and FSDP, 0 of 32 with this list, as under torchrun).
+TORCH_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel")
 
 
 def safe_name(name: str) -> str:

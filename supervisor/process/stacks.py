@@ -74,3 +74,19 @@ def process_state(pid: int) -> str | None:
             return f.read().rsplit(b")", 1)[1].split()[0].decode()
     except (OSError, IndexError):
         return None
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def activity(pid: int) -> tuple[float, int] | None:
+    """CPU seconds the process (all its threads) used and bytes it read or wrote so
+    far; None when /proc does not say (gone, or not ours to read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        with open(f"/proc/{pid}/io", "rb") as f:
+            io = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+        return (int(fields[11]) + int(fields[12])) / _TICK, int(io[b"rchar"]) + int(io[b"wchar"])
+    except (OSError, IndexError, KeyError, ValueError):
+        return None

@@ -151,6 +151,19 @@ def _write(where: Path, manifest: dict[str, Any], files: dict[str, str]) -> None
     write_atomically(where / MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2) + b"\n")
 
 
+def _entries(
+    gen: Generation, monitor: Monitor, got: Gathered, *, seen: dict[int, Seen],
+    readings: dict[int, Reading | None], summaries: Flights, now: float,
+) -> tuple[list[dict[str, Any]], dict[str, str]]:  # fmt: skip
+    entries, files = [], {}
+    for lr, r in sorted(gen.ranks.items()):
+        entry, theirs = _rank_entry(r, monitor, got, seen=seen.get(lr), reading=readings.get(lr),
+                                    stacks=gen.stacks.get(lr), now=now, flight=summaries.get(lr))  # fmt: skip
+        entries.append(entry)
+        files.update(theirs)
+    return entries, files
+
+
 async def write(
     gen: Generation, monitor: Monitor, *, missed: Hang, found: Blame, seen: dict[int, Seen],
     readings: dict[int, Reading | None], got: Gathered, summaries: Flights, noticed: float, clock: Clock,
@@ -161,12 +174,7 @@ async def write(
     if root is None:
         return None
     now = clock.monotonic()
-    entries, files = [], {}
-    for lr, r in sorted(gen.ranks.items()):
-        entry, theirs = _rank_entry(r, monitor, got, seen=seen.get(lr), reading=readings.get(lr),
-                                    stacks=gen.stacks.get(lr), now=now, flight=summaries.get(lr))  # fmt: skip
-        entries.append(entry)
-        files.update(theirs)
+    entries, files = _entries(gen, monitor, got, seen=seen, readings=readings, summaries=summaries, now=now)
     summarised = [e for e in entries if e["flight_recorder_summary"]]
     counts = {e["rank"]: enqueued(e["flight_recorder_summary"]) for e in summarised}
     late = {group: ranks for group, (ranks, _, _) in behind(counts).items()}
@@ -189,7 +197,35 @@ async def write(
         "flight_recorder_behind": late,
         "ranks": entries,
     }
-    where = root / BUNDLE
+    return await _store(gen, root / BUNDLE, manifest, files=files, got=got, late=late, events=events)
+
+
+async def write_lingering(
+    gen: Generation, monitor: Monitor, *, lingering: list[dict[str, Any]],
+    readings: dict[int, Reading | None], got: Gathered, noticed: float, clock: Clock, events: EventLog,
+) -> Path | None:  # fmt: skip
+    """The bundle of ranks that outlived their peers' successful exit (``lingering``:
+    what was found of each, supervisor.core.lingering), as a hang's."""
+    root = generation_dir(gen)
+    if root is None:
+        return None
+    now = clock.monotonic()
+    entries, files = _entries(gen, monitor, got, seen={}, readings=readings, summaries={}, now=now)
+    manifest = {
+        "generation": gen.number,
+        "declared_at": clock.wall() - (now - noticed),
+        "exit_stuck": lingering,
+        "gathered_in_s": round(got.seconds, 3),
+        "ranks": entries,
+    }
+    return await _store(gen, root / BUNDLE, manifest, files=files, got=got, late={}, events=events)
+
+
+async def _store(
+    gen: Generation, where: Path, manifest: dict[str, Any], *, files: dict[str, str], got: Gathered,
+    late: dict[str, Any], events: EventLog,
+) -> Path | None:  # fmt: skip
+    entries = manifest["ranks"]
     try:
         # a run directory on a stalled file system must not hold the restart: the
         # thread may finish later, the restart does not wait for it

@@ -42,10 +42,11 @@ from supervisor.core.watch import Hang
 from supervisor.process.evidence import error_file_time
 from supervisor.process.orphans import OrphanGuard
 from supervisor.process.spawn import RankProcess
+from supervisor.process.stacks import activity
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller
 from supervisor.runtime.clock import Clock
-from supervisor.runtime.lifecycle import closing, hangs, jobwide, signals, status
+from supervisor.runtime.lifecycle import closing, hangs, jobwide, lingering, signals, status
 from supervisor.runtime.lifecycle.ending import Ender
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.hosting import Hosting
@@ -333,6 +334,12 @@ class Supervisor:
             await hangs.name_hung(gen, self.monitor, stack_timeout=self.cfg.ft.stack_dump_timeout,
                                   bundle_timeout=self.cfg.ft.bundle_timeout, clock=self.clock,
                                   events=self.events)  # fmt: skip
+        if gen.lingering and not stopping:
+            ft = self.cfg.ft
+            await lingering.examine(gen, self.monitor, grace=self.cfg.exit_grace,
+                                    restarts_left=self.judge.remaining(), stack_timeout=ft.stack_dump_timeout,
+                                    bundle_timeout=ft.bundle_timeout, clock=self.clock,
+                                    events=self.events)  # fmt: skip
         gen.trouble_at = (
             None
             if gen.result is GroupResult.SUCCEEDED and news is None and not stopping
@@ -546,6 +553,7 @@ class Supervisor:
         gen = self._current
         if gen is not None:
             gen.check_exits(self.cfg.exit_grace, self._reported)
+            gen.check_lingering(self.cfg.exit_grace, activity)
 
     def _reported(self, rank: RankProcess) -> str | None:
         """How the live ``rank`` said it failed, if it did."""

@@ -74,6 +74,7 @@ class Ender:
             signal_for={
                 **dict.fromkeys(gen.hangs, cfg.ft.rank_termination_signal),
                 **dict.fromkeys(gen.stuck, signal.SIGKILL),  # it failed already; only exiting is left
+                **dict.fromkeys(gen.lingering, signal.SIGKILL),  # its peers are gone; so is its work
             },
             sweep=lambda: sweep_generation(entry, list(gen.ranks.values())),
             signals=self._signaller,

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from supervisor.core.lingering import WINDOW, idle, overdue
 from supervisor.core.states import GroupResult, RankState, group_result
 from supervisor.core.topology import Topology
 from supervisor.core.types import Decision, ExitStatus, RankExit, signal_name
@@ -49,6 +50,13 @@ class Generation:
         # local rank -> when (monotonic) it reported a failure (error file, client) while alive
         self.reported: dict[int, float] = {}
         self.stuck: set[int] = set()  # reported a failure, then did not exit within the grace
+        # local rank -> when (monotonic) it was found still running --exit-grace after every
+        # other rank exited 0 (supervisor.core.lingering); those judged done with their work
+        self.lingering: dict[int, float] = {}
+        self.lingering_done: set[int] = set()
+        # local rank -> (when, its CPU seconds and I/O bytes then): a lingering rank's activity
+        self._activity: dict[int, tuple[float, tuple[float, int] | None]] = {}
+        self._working: set[int] = set()  # lingering, but working: said once
         self.restart_requested = False  # by an operator (ft-supervisor restart)
         self.decided: Decision | None = None  # by the daemon while the ranks ran (a straggler)
         # wall-clock time the termination procedure began: anything a rank
@@ -69,7 +77,12 @@ class Generation:
     def result(self) -> GroupResult:
         if self.hangs or self.stuck or self.missed:  # stopped by us, but the generation failed
             return GroupResult.FAILED
-        return group_result({lr: r.state for lr, r in self.ranks.items()})
+        states = {lr: r.state for lr, r in self.ranks.items()}
+        if self.lingering_done and all(
+            s is RankState.SUCCEEDED or lr in self.lingering_done for lr, s in states.items()
+        ):
+            return GroupResult.SUCCEEDED  # ended by us on its way out, its work done
+        return group_result(states)
 
     def add(self, rank: RankProcess) -> None:
         """Add (or replace) the rank of a local rank slot; ``watch`` it next."""
@@ -127,9 +140,40 @@ class Generation:
                                       pid=rank.pid, exit_grace=grace, how=how)  # fmt: skip
             elif now - seen >= grace:
                 self._events.emit("rank_exit_stuck", logging.WARNING, generation=self.number,
-                                  rank=rank.slot.rank, pid=rank.pid, waited=round(now - seen, 3))  # fmt: skip
+                                  after="failure_reported", rank=rank.slot.rank, pid=rank.pid,
+                                  waited=round(now - seen, 3))  # fmt: skip
                 self.stuck.add(lr)
                 self.ended.set()
+
+    def check_lingering(self, grace: float, activity: Callable[[int], tuple[float, int] | None]) -> None:
+        """A rank still running ``grace`` s after every other rank of the generation
+        exited 0, and doing nothing over the next ``WINDOW`` s (``activity``: a pid's CPU
+        seconds and I/O bytes), ends it: stuck on its way out, or in its work
+        (examined next). One that works (a final checkpoint written after its peers
+        left) is left to finish. Only where this node's ranks are the whole job:
+        elsewhere, peers on other nodes may still be training."""
+        # a rank that reported its failure is check_exits' to end, and the run failed
+        if not self.started or self.ended.is_set() or self.topology.nnodes != 1 or self.reported:
+            return
+        now = self._clock.monotonic()
+        states = {lr: r.state for lr, r in self.ranks.items()}
+        for lr in overdue(states, {lr: e.at for lr, e in self.exits.items()}, now, grace):
+            rank = self.ranks[lr]
+            sample = activity(rank.pid)
+            began = self._activity.setdefault(lr, (now, sample))
+            window = min(grace, WINDOW)
+            if now - began[0] < window:
+                continue
+            if idle(began[1], sample, now - began[0]):
+                self.lingering[lr] = now
+                self.ended.set()
+                continue
+            self._activity[lr] = (now, sample)
+            if lr not in self._working:
+                self._working.add(lr)
+                why = "every other rank exited 0, this one still works: left to finish"
+                self._events.emit("rank_exit_slow", generation=self.number, rank=rank.slot.rank, pid=rank.pid,
+                                  detail=why)  # fmt: skip
 
     def request_restart(self) -> None:
         self.restart_requested = True
