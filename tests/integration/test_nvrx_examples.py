@@ -29,7 +29,8 @@ Start = Callable[..., Daemon]
 EXAMPLES = RANKS / "nvrx_examples"
 # a hang's diagnostic bundle (py-spy) is not what these tests are about: no time spent on it
 LAUNCH = ("--nproc-per-node", "2", "--max-restarts", "2", "--ft-bundle-timeout", "0")
-# small and short: 20 steps an epoch, 3 epochs (a crash in the 2nd, a hang in the 3rd); the examples' own options
+# small and short: 20 steps an epoch, 3 epochs (a crash in the 2nd, a hang in the 3rd);
+# the examples' own options
 SMALL = ("--device", "cpu", "--hidden", "16", "--batch", "2", "--train_dataset_size", "80",
          "--val_dataset_size", "8", "--epochs", "3", "--logging_interval", "100",
          "--log_all_ranks")  # fmt: skip
