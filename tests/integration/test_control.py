@@ -45,6 +45,8 @@ def test_control_commands_act_only_on_this_environments_daemon_and_name_it(
     b = Daemon(dirs["b"], ARGS, env=env, run_id="b")
     try:
         wait_until(lambda: len(running_daemons(env)) == 2, 30, "both daemons to publish themselves")
+        for d in (a, b):  # a daemon publishes itself before its generation starts
+            d.wait_event("generation_started", 60)
         info: dict[int, dict[str, Any]] = {d["pid"]: d for d in running_daemons(env)}
 
         def named(out: str, daemon: Daemon) -> bool:
