@@ -42,6 +42,10 @@ T = TypeVar("T")
 # ``wait`` when the key is set, so nodes at rest cost it nothing but their looks.
 STATE_EVERY = 1.0
 JOB_LOOKS = 100.0
+# How often, at most, a node whose ranks still run asks whether every other node's
+# ranks exited 0 (then a rank of its own still running --exit-grace later is stuck):
+# the exit grace is seconds, and every question costs the store a request.
+OTHERS_EVERY = 2.0
 GATHER_GRACE = 2.0  # seconds after every outcome is in before any node gathers them itself
 SPARES_NOTICE = 2.5  # seconds nodes waiting in the rendezvous get to see it closed
 EXIT_BARRIER = 5.0  # seconds the last nodes wait for each other before the store host leaves
@@ -90,6 +94,9 @@ class LocalJob:
     async def announce_end(self, job_gen: JobGeneration, why: str) -> None:
         return None
 
+    def others_done(self, generation: int) -> bool:
+        return False  # there are no other nodes
+
     async def agree(self, job_gen: JobGeneration, own: NodeOutcome) -> list[NodeOutcome]:
         return [own]
 
@@ -128,6 +135,7 @@ class RendezvousJob:
         self._events = events
         self._rdzv: TorchRendezvous | None = None
         self._table = NodeTable(lambda: self._rdzv_or_fail().base)
+        self._others_done: set[int] = set()  # generations in which every other node succeeded
 
     # -- the rendezvous ----------------------------------------------------------------
 
@@ -246,11 +254,20 @@ class RendezvousJob:
         joined = _joined(job_gen)
         heard = rnd.listen(joined, 0, "ended", wake, f"rdzv-listen-{job_gen.generation}")
         every = look_every(job_gen.nnodes, STATE_EVERY, JOB_LOOKS)
+        others_every = max(1, round(OTHERS_EVERY / every))
         delay = random.uniform(0, every)  # noqa: S311 - nodes spread their looks, nothing secret
+        looks = 0
         while not wake.wait(delay):
             delay = every
+            looks += 1
             if not joined.listeners.ready() and joined.store.check(["ended"]):
                 return rnd.told(joined.store)  # its connection is still opening: look instead
+            if (
+                looks % others_every == 0
+                and job_gen.generation not in self._others_done
+                and rnd.others_succeeded(joined, job_gen.nnodes)
+            ):
+                self._others_done.add(job_gen.generation)
             self._table.publish_shared()
             snap = self._rdzv_or_fail().snapshot()
             if snap is None:
@@ -264,6 +281,11 @@ class RendezvousJob:
         if heard[0] is not None:
             raise heard[0]
         return rnd.told(joined.store)
+
+    def others_done(self, generation: int) -> bool:
+        """Whether every other node published that its ranks of ``generation`` all
+        exited 0 (as learnt while watching; a node's own ranks may still run)."""
+        return generation in self._others_done
 
     async def announce_end(self, job_gen: JobGeneration, why: str) -> None:
         """Tell the peers, first, that this node's generation is over."""

@@ -73,8 +73,15 @@ def claim(joined: Joined, n: int, outcome: NodeOutcome) -> None:
     if joined.store.add(f"claim/{rank}", 1) != 1:
         return
     joined.store.set(f"outcome/{rank}", orjson.dumps(outcome.to_json()).decode())
+    if outcome.action is Action.CONTINUE:
+        joined.store.add("succeeded", 1)  # before "published": a node counted there is in here
     if joined.store.add("published", 1) == n:
         gather(joined, n)
+
+
+def others_succeeded(joined: Joined, n: int) -> bool:
+    """Did every other node of the round publish that its ranks all exited 0?"""
+    return n > 1 and joined.store.add("succeeded", 0) >= n - 1
 
 
 def gather(joined: Joined, n: int) -> None:

@@ -27,18 +27,23 @@ from supervisor.core.types import Action, Decision, Reason
 
 
 def overdue(
-    states: Mapping[int, RankState], exited_at: Mapping[int, float], now: float, grace: float
-) -> tuple[int, ...]:
-    """Local ranks still running ``grace`` s after every other rank exited 0.
+    states: Mapping[int, RankState], exited_at: Mapping[int, float], now: float, grace: float,
+    other_nodes_done: float | None = None,
+) -> tuple[int, ...]:  # fmt: skip
+    """Local ranks still running ``grace`` s after every other rank of the job exited 0.
 
-    ``exited_at``: when (monotonic) each rank that exited did. A rank alone has no
-    peer to be measured against: a long run and a stuck exit look the same."""
+    ``exited_at``: when (monotonic) each local rank that exited did;
+    ``other_nodes_done``: when this node learnt that every rank of every other node
+    of the job had (None: a node alone, or not yet). A rank alone has no peer to be
+    measured against: a long run and a stuck exit look the same."""
     running = [lr for lr, s in states.items() if s is RankState.RUNNING]
     others = [lr for lr in states if lr not in running]
-    if not running or not others or any(states[lr] is not RankState.SUCCEEDED for lr in others):
+    if not running or any(states[lr] is not RankState.SUCCEEDED for lr in others):
         return ()
-    last = max((exited_at[lr] for lr in others if lr in exited_at), default=None)
-    if last is None or now - last < grace:
+    times = [exited_at[lr] for lr in others if lr in exited_at]
+    if other_nodes_done is not None:
+        times.append(other_nodes_done)
+    if not times or now - max(times) < grace:
         return ()
     return tuple(sorted(running))
 

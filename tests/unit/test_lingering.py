@@ -26,6 +26,18 @@ def test_nobody_is_overdue_while_a_peer_runs_failed_or_there_is_no_peer() -> Non
     assert overdue({0: S, 1: S}, {0: 1.0, 1: 1.0}, now=100.0, grace=1.0) == ()
 
 
+def test_on_several_nodes_the_grace_counts_from_when_every_other_node_was_done() -> None:
+    # one rank a node: its peers are on the other nodes, whose success this node learns
+    assert overdue({0: R}, {}, now=100.0, grace=2.0, other_nodes_done=None) == ()  # not yet
+    assert overdue({0: R}, {}, now=11.9, grace=2.0, other_nodes_done=10.0) == ()
+    assert overdue({0: R}, {}, now=12.0, grace=2.0, other_nodes_done=10.0) == (0,)
+    # local peers too: from the later of the two
+    assert overdue({0: S, 1: R}, {0: 20.0}, now=21.0, grace=2.0, other_nodes_done=10.0) == ()
+    assert overdue({0: S, 1: R}, {0: 5.0}, now=12.0, grace=2.0, other_nodes_done=10.0) == (1,)
+    # a local peer that failed is a failure, whatever the other nodes did
+    assert overdue({0: F, 1: R}, {0: 5.0}, now=100.0, grace=2.0, other_nodes_done=10.0) == ()
+
+
 def test_a_lingering_rank_that_uses_cpu_or_writes_is_working_not_stuck() -> None:
     assert idle((3.0, 1000), (3.01, 1000), seconds=1.0)  # a deadlock: no CPU, no I/O
     assert not idle((3.0, 1000), (3.5, 1000), seconds=1.0)  # half a CPU

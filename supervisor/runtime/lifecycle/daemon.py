@@ -327,6 +327,7 @@ class Supervisor:
             and news is None
             and over is None
             and (stopping or gen.result is not GroupResult.SUCCEEDED)
+            and not (gen.lingering and not stopping)  # every other node is done, waiting to agree
         ):
             over = await self._announce_end(job_gen, gen)
         ending = self.clock.monotonic()
@@ -553,7 +554,8 @@ class Supervisor:
         gen = self._current
         if gen is not None:
             gen.check_exits(self.cfg.exit_grace, self._reported)
-            gen.check_lingering(self.cfg.exit_grace, activity)
+            done = self._round is not None and self.job.others_done(self._round.generation)
+            gen.check_lingering(self.cfg.exit_grace, activity, other_nodes_done=done)
 
     def _reported(self, rank: RankProcess) -> str | None:
         """How the live ``rank`` said it failed, if it did."""

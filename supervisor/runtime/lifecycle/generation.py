@@ -54,6 +54,7 @@ class Generation:
         # other rank exited 0 (supervisor.core.lingering); those judged done with their work
         self.lingering: dict[int, float] = {}
         self.lingering_done: set[int] = set()
+        self.other_nodes_done: float | None = None  # when this node learnt all the others' ranks exited 0
         # local rank -> (when, its CPU seconds and I/O bytes then): a lingering rank's activity
         self._activity: dict[int, tuple[float, tuple[float, int] | None]] = {}
         self._working: set[int] = set()  # lingering, but working: said once
@@ -145,19 +146,28 @@ class Generation:
                 self.stuck.add(lr)
                 self.ended.set()
 
-    def check_lingering(self, grace: float, activity: Callable[[int], tuple[float, int] | None]) -> None:
-        """A rank still running ``grace`` s after every other rank of the generation
-        exited 0, and doing nothing over the next ``WINDOW`` s (``activity``: a pid's CPU
-        seconds and I/O bytes), ends it: stuck on its way out, or in its work
-        (examined next). One that works (a final checkpoint written after its peers
-        left) is left to finish. Only where this node's ranks are the whole job:
-        elsewhere, peers on other nodes may still be training."""
+    def check_lingering(
+        self, grace: float, activity: Callable[[int], tuple[float, int] | None], *,
+        other_nodes_done: bool = False,
+    ) -> None:  # fmt: skip
+        """A rank still running ``grace`` s after every other rank of the job exited 0,
+        and doing nothing over the next ``WINDOW`` s (``activity``: a pid's CPU seconds
+        and I/O bytes), ends it: stuck on its way out, or in its work (examined next).
+        One that works (a final checkpoint written after its peers left) is left to
+        finish. On several nodes, only once every other node said its ranks all exited
+        0 (``other_nodes_done``): until then, peers elsewhere may still be training."""
         # a rank that reported its failure is check_exits' to end, and the run failed
-        if not self.started or self.ended.is_set() or self.topology.nnodes != 1 or self.reported:
+        if not self.started or self.ended.is_set() or self.reported:
             return
         now = self._clock.monotonic()
+        if self.topology.nnodes != 1:
+            if not other_nodes_done:
+                return
+            if self.other_nodes_done is None:
+                self.other_nodes_done = now
         states = {lr: r.state for lr, r in self.ranks.items()}
-        for lr in overdue(states, {lr: e.at for lr, e in self.exits.items()}, now, grace):
+        exits = {lr: e.at for lr, e in self.exits.items()}
+        for lr in overdue(states, exits, now, grace, self.other_nodes_done):
             rank = self.ranks[lr]
             sample = activity(rank.pid)
             began = self._activity.setdefault(lr, (now, sample))

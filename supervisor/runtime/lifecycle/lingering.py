@@ -34,6 +34,8 @@ async def examine(
     noticed = min(gen.lingering.values())
     # when the last of the others exited 0: how long a lingering rank outlived them
     exits = [e.at for lr, e in gen.exits.items() if lr not in gen.lingering]
+    if gen.other_nodes_done is not None:  # and every rank of the other nodes
+        exits.append(gen.other_nodes_done)
     peers_gone = max(exits, default=noticed - grace)
     readings, got = await asyncio.gather(
         aftermath.collect_stacks(gen, monitor, stack_timeout, events), bundle.gather(gen, bundle_timeout)
