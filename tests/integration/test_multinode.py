@@ -210,9 +210,11 @@ def test_a_node_joining_a_running_job_grows_it_at_no_restart_cost(
     # real gloo ranks, whose world grows from 2 to 3. The 2-node job trains until it has
     # grown, then 40 steps (no snapshot: generation 1 runs them all, over 3 ranks): were
     # its length fixed, a loaded machine could see it end before the third node, still
-    # starting, joined
+    # starting, joined. --preload none: a standby's world is fixed when it is spawned, so
+    # the growth replaces every standby, and a preloaded one imported torch for nothing
     grows = str(RANKS / "train_until_grown.py")
-    args = (*node(endpoint, "2:3"), grows, "--world-size", "3", "--steps", "40", "--step-time", "0.02")
+    args = (*node(endpoint, "2:3", 60, *NO_TORCH), grows, "--world-size", "3", "--steps", "40",
+            "--step-time", "0.05")  # fmt: skip
     d0, d1 = start(*args), start(*args)
     assert joined(d0)["nnodes"] == 2
     d0.wait_event("rank_spawned", 60, where=lambda e: e["generation"] == 1)  # training is under way
