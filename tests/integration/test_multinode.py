@@ -6,9 +6,8 @@ killed or sent away without taking the store with it. Real ranks (scripts/train.
 DDP over gloo) run across the nodes where the ranks' own world is what is verified: a
 crash that restarts every node, a node that joins and grows the job. The tests whose
 subject is the daemons' membership decisions (a killed daemon, a spare, min/max) run
-torch-free ranks that step through supervisor.client (tests/fixtures/ranks/steps.py),
-and every torch-free job runs with ``--preload none``: the daemons still rendezvous
-through torch, but no rank or standby imports it (2.5 to 4.5 CPU-s each otherwise).
+torch-free ranks that step through supervisor.client (tests/fixtures/ranks/steps.py).
+Every node runs with ``--preload none`` (see ``node``).
 """
 
 from __future__ import annotations
@@ -35,7 +34,12 @@ KEEP_ALIVE = 1  # seconds; torch calls a node dead after KEEP_ALIVE * ATTEMPTS w
 ATTEMPTS = 3
 FAILS = str(RANKS / "fails.py")
 STEPS = str(RANKS / "steps.py")
-NO_TORCH = ("--preload", "none")  # torch-free ranks: neither they nor their standbys import torch
+
+
+# No rank or standby imports torch before its script does (2.5 CPU-s each): the torch-free
+# ranks never need it; a standby the job never uses (the last generation's, or any whose
+# world a joining node changed) would import it for nothing; a gloo rank imports it itself
+PRELOAD_NONE = ("--preload", "none")
 
 
 def node(endpoint: str, nnodes: str = "2", join_timeout: int = 60, *extra: str) -> list[str]:
@@ -46,7 +50,7 @@ def node(endpoint: str, nnodes: str = "2", join_timeout: int = 60, *extra: str) 
     return [
         "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", endpoint, "--local-addr", "127.0.0.1", "--rdzv-conf", conf,
-        "--max-restarts", "2", *extra,
+        "--max-restarts", "2", *PRELOAD_NONE, *extra,
     ]  # fmt: skip
 
 
@@ -87,7 +91,7 @@ def test_ranks_get_the_environment_torchrun_gives_them_on_every_node(
     daemons = []
     for out in ours:
         out.mkdir()
-        args = node(endpoint, "2", 60, *NO_TORCH)
+        args = node(endpoint)
         args[args.index("--nproc-per-node") + 1] = "2"
         daemons.append(start(*args, str(RANKS / "envdump.py"), str(out), env=env))
     assert [d.wait(120) for d in daemons] == [0, 0], daemons[0].stderr() + daemons[1].stderr()
@@ -113,11 +117,10 @@ def test_ranks_get_the_environment_torchrun_gives_them_on_every_node(
 def test_a_rank_crash_on_one_node_restarts_every_node_and_the_job_finishes(
     start: Start, endpoint: str, tmp_path: Path
 ) -> None:
-    # real gloo ranks; --preload none: the standbys of generation 2, which the job never
-    # uses, would import torch for nothing (generation 1's import it after their go)
+    # real gloo ranks, on both nodes, in both generations
     crash = ("--crash-at-step", "15", "--crash-rank", "1")
-    d0 = start(*node(endpoint, "2", 60, *NO_TORCH), *train(tmp_path, 60, *crash))
-    d1 = start(*node(endpoint, "2", 60, *NO_TORCH), *train(tmp_path, 60, *crash))
+    d0 = start(*node(endpoint), *train(tmp_path, 60, *crash))
+    d1 = start(*node(endpoint), *train(tmp_path, 60, *crash))
     places = {joined(d0)["node_rank"], joined(d1)["node_rank"]}
     assert places == {0, 1}
     assert [d.wait(120) for d in (d0, d1)] == [0, 0], d0.stderr() + d1.stderr()
@@ -135,7 +138,7 @@ def test_a_rank_crash_on_one_node_restarts_every_node_and_the_job_finishes(
 def test_an_abort_on_one_node_stops_every_node_with_exit_2(start: Start, endpoint: str) -> None:
     # rank 1 fails in a way retrying cannot help; rank 0 waits to be stopped
     fail = (FAILS, "--rank", "1", "--raise", "ModuleNotFoundError", "No module named 'nccl_plugin'")
-    args = node(endpoint, "2", 60, *NO_TORCH)
+    args = node(endpoint)
     d0, d1 = start(*args, *fail), start(*args, *fail)
     assert [d.wait(90) for d in (d0, d1)] == [2, 2], d0.stderr() + d1.stderr()
     for d in (d0, d1):
@@ -150,7 +153,7 @@ def test_a_killed_daemon_is_noticed_through_the_keep_alive_and_a_replacement_joi
     # the ranks step until the replacement has joined (a rank that started in a tenth of a
     # second would otherwise finish a fixed number of steps before the kill)
     done = tmp_path / "replaced"
-    args = (*node(endpoint, "2", 60, *NO_TORCH), *steps("--until", str(done)))
+    args = (*node(endpoint), *steps("--until", str(done)))
     d0 = start(*args)
     d1 = start(*args)
     lost = joined(d1)["node_rank"]
@@ -174,7 +177,7 @@ def test_a_spare_takes_the_place_of_a_rescheduled_node(start: Start, endpoint: s
     # a failure this site's rules say needs another machine
     rules = tmp_path / "rules.toml"
     rules.write_text('[[rule]]\nid = "SITE-BADNODE"\nany = ["injected fault"]\naction = "reschedule"\n')
-    args = (*node(endpoint, "2", 60, "--rules", str(rules), *NO_TORCH), *steps("--steps", "60"))
+    args = (*node(endpoint, "2", 60, "--rules", str(rules)), *steps("--steps", "60"))
     crash = ("--crash-at-step", "15", "--crash-rank", "1")
     d0, d1 = start(*args, *crash), start(*args, *crash)
     first = {joined(d0)["node_rank"]: d0, joined(d1)["node_rank"]: d1}
@@ -193,7 +196,7 @@ def test_with_min_max_the_others_carry_on_without_a_rescheduled_node(
 ) -> None:
     rules = tmp_path / "rules.toml"
     rules.write_text('[[rule]]\nid = "SITE-BADNODE"\nany = ["injected fault"]\naction = "reschedule"\n')
-    args = (*node(endpoint, "2:3", 60, "--rules", str(rules), *NO_TORCH),
+    args = (*node(endpoint, "2:3", 60, "--rules", str(rules)),
             *steps("--steps", "60", "--crash-at-step", "15", "--crash-rank", "2"))  # fmt: skip
     daemons = [start(*args) for _ in range(3)]
     by_place = {joined(d)["node_rank"]: d for d in daemons}
@@ -210,10 +213,9 @@ def test_a_node_joining_a_running_job_grows_it_at_no_restart_cost(
     # real gloo ranks, whose world grows from 2 to 3. The 2-node job trains until it has
     # grown, then 40 steps (no snapshot: generation 1 runs them all, over 3 ranks): were
     # its length fixed, a loaded machine could see it end before the third node, still
-    # starting, joined. --preload none: a standby's world is fixed when it is spawned, so
-    # the growth replaces every standby, and a preloaded one imported torch for nothing
+    # starting, joined
     grows = str(RANKS / "train_until_grown.py")
-    args = (*node(endpoint, "2:3", 60, *NO_TORCH), grows, "--world-size", "3", "--steps", "40",
+    args = (*node(endpoint, "2:3"), grows, "--world-size", "3", "--steps", "40",
             "--step-time", "0.05")  # fmt: skip
     d0, d1 = start(*args), start(*args)
     assert joined(d0)["nnodes"] == 2
@@ -232,9 +234,8 @@ def test_a_node_joining_a_running_job_grows_it_at_no_restart_cost(
 
 
 def test_status_on_any_node_lists_every_node(start: Start, endpoint: str, tmp_path: Path) -> None:
-    # nobody fails: every rank waits to be stopped
-    d0 = start(*node(endpoint, "2", 60, *NO_TORCH), FAILS, "--rank", "9")
-    d1 = start(*node(endpoint, "2", 60, *NO_TORCH), FAILS, "--rank", "9")
+    d0 = start(*node(endpoint), FAILS, "--rank", "9")  # nobody fails: every rank waits to be stopped
+    d1 = start(*node(endpoint), FAILS, "--rank", "9")
     joined(d0), joined(d1)
     # the daemon reads the node table only when asked, in the background: the command
     # asks again until it has it, so the very first status already lists both nodes
