@@ -1,9 +1,13 @@
 """Several daemons on loopback as one multi-node job, through torch's c10d rendezvous.
 
-Each daemon is a "node" with its own directory; real ranks (torch gloo for
-training) run across them. The rendezvous store is hosted by the test itself,
-as a stable endpoint would be in production, so that any daemon may be killed
-or sent away without taking the store with it.
+Each daemon is a "node" with its own directory. The rendezvous store is hosted by the
+test itself, as a stable endpoint would be in production, so that any daemon may be
+killed or sent away without taking the store with it. Real ranks (scripts/train.py,
+DDP over gloo) run across the nodes where the ranks' own world is what is verified: a
+crash that restarts every node, a node that joins and grows the job. The tests whose
+subject is the daemons' membership decisions (a killed daemon, a spare, min/max) run
+torch-free ranks that step through supervisor.client (tests/fixtures/ranks/steps.py).
+Every node runs with ``--preload none`` (see ``node``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,13 @@ Start = Callable[..., Daemon]
 KEEP_ALIVE = 1  # seconds; torch calls a node dead after KEEP_ALIVE * ATTEMPTS without one
 ATTEMPTS = 3
 FAILS = str(RANKS / "fails.py")
+STEPS = str(RANKS / "steps.py")
+
+
+# No rank or standby imports torch before its script does (2.5 CPU-s each): the torch-free
+# ranks never need it; a standby the job never uses (the last generation's, or any whose
+# world a joining node changed) would import it for nothing; a gloo rank imports it itself
+PRELOAD_NONE = ("--preload", "none")
 
 
 def node(endpoint: str, nnodes: str = "2", join_timeout: int = 60, *extra: str) -> list[str]:
@@ -39,13 +50,18 @@ def node(endpoint: str, nnodes: str = "2", join_timeout: int = 60, *extra: str) 
     return [
         "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", endpoint, "--local-addr", "127.0.0.1", "--rdzv-conf", conf,
-        "--max-restarts", "2", *extra,
+        "--max-restarts", "2", *PRELOAD_NONE, *extra,
     ]  # fmt: skip
 
 
 def train(tmp: Path, steps: int, *extra: str) -> list[str]:
     snapshot = str(tmp / "snap.pt")
     return [str(TRAIN), "--steps", str(steps), "--step-time", "0.02", "--snapshot", snapshot, *extra]
+
+
+def steps(*extra: str) -> list[str]:
+    """train.py's loop and faults without torch (the same arguments)."""
+    return [STEPS, "--step-time", "0.02", *extra]
 
 
 def joined(d: Daemon, generation: int = 0) -> dict[str, Any]:
@@ -101,6 +117,7 @@ def test_ranks_get_the_environment_torchrun_gives_them_on_every_node(
 def test_a_rank_crash_on_one_node_restarts_every_node_and_the_job_finishes(
     start: Start, endpoint: str, tmp_path: Path
 ) -> None:
+    # real gloo ranks, on both nodes, in both generations
     crash = ("--crash-at-step", "15", "--crash-rank", "1")
     d0 = start(*node(endpoint), *train(tmp_path, 60, *crash))
     d1 = start(*node(endpoint), *train(tmp_path, 60, *crash))
@@ -121,7 +138,8 @@ def test_a_rank_crash_on_one_node_restarts_every_node_and_the_job_finishes(
 def test_an_abort_on_one_node_stops_every_node_with_exit_2(start: Start, endpoint: str) -> None:
     # rank 1 fails in a way retrying cannot help; rank 0 waits to be stopped
     fail = (FAILS, "--rank", "1", "--raise", "ModuleNotFoundError", "No module named 'nccl_plugin'")
-    d0, d1 = start(*node(endpoint), *fail), start(*node(endpoint), *fail)
+    args = node(endpoint)
+    d0, d1 = start(*args, *fail), start(*args, *fail)
     assert [d.wait(90) for d in (d0, d1)] == [2, 2], d0.stderr() + d1.stderr()
     for d in (d0, d1):
         assert d.events("job_decision")[0]["action"] == "abort"
@@ -132,10 +150,14 @@ def test_an_abort_on_one_node_stops_every_node_with_exit_2(start: Start, endpoin
 def test_a_killed_daemon_is_noticed_through_the_keep_alive_and_a_replacement_joins(
     start: Start, endpoint: str, tmp_path: Path
 ) -> None:
-    d0 = start(*node(endpoint), *train(tmp_path, 250))
-    d1 = start(*node(endpoint), *train(tmp_path, 250))
+    # the ranks step until the replacement has joined (a rank that started in a tenth of a
+    # second would otherwise finish a fixed number of steps before the kill)
+    done = tmp_path / "replaced"
+    args = (*node(endpoint), *steps("--until", str(done)))
+    d0 = start(*args)
+    d1 = start(*args)
     lost = joined(d1)["node_rank"]
-    d0.wait_event("rank_spawned", 60, where=lambda e: e["generation"] == 1)  # warm: training is under way
+    d0.wait_event("rank_spawned", 60, where=lambda e: e["generation"] == 1)  # warm: every rank has stepped
     killed_at = time.time()
     d1.signal(signal.SIGKILL)
     d1.wait(10)
@@ -144,8 +166,9 @@ def test_a_killed_daemon_is_noticed_through_the_keep_alive_and_a_replacement_joi
     assert outcomes[lost]["reason"] == "node_lost"
     # the keep-alive bound, plus one read of the rendezvous state, plus slack for a busy machine
     assert decision["t_wall"] - killed_at < KEEP_ALIVE * ATTEMPTS + 1 + 5
-    replacement = start(*node(endpoint), *train(tmp_path, 250))
+    replacement = start(*args)
     assert joined(replacement)["restarts_used"] == 1  # the job's budget, not a fresh one
+    done.touch()
     assert d0.wait(120) == 0, d0.stderr()
     assert replacement.wait(60) == 0, replacement.stderr()
 
@@ -154,7 +177,7 @@ def test_a_spare_takes_the_place_of_a_rescheduled_node(start: Start, endpoint: s
     # a failure this site's rules say needs another machine
     rules = tmp_path / "rules.toml"
     rules.write_text('[[rule]]\nid = "SITE-BADNODE"\nany = ["injected fault"]\naction = "reschedule"\n')
-    args = (*node(endpoint, "2", 60, "--rules", str(rules)), *train(tmp_path, 60))
+    args = (*node(endpoint, "2", 60, "--rules", str(rules)), *steps("--steps", "60"))
     crash = ("--crash-at-step", "15", "--crash-rank", "1")
     d0, d1 = start(*args, *crash), start(*args, *crash)
     first = {joined(d0)["node_rank"]: d0, joined(d1)["node_rank"]: d1}
@@ -173,8 +196,8 @@ def test_with_min_max_the_others_carry_on_without_a_rescheduled_node(
 ) -> None:
     rules = tmp_path / "rules.toml"
     rules.write_text('[[rule]]\nid = "SITE-BADNODE"\nany = ["injected fault"]\naction = "reschedule"\n')
-    args = (*node(endpoint, "2:3", 60, "--rules", str(rules)), *train(tmp_path, 60, "--crash-at-step", "15",
-                                                                        "--crash-rank", "2"))  # fmt: skip
+    args = (*node(endpoint, "2:3", 60, "--rules", str(rules)),
+            *steps("--steps", "60", "--crash-at-step", "15", "--crash-rank", "2"))  # fmt: skip
     daemons = [start(*args) for _ in range(3)]
     by_place = {joined(d)["node_rank"]: d for d in daemons}
     assert {joined(d)["nnodes"] for d in daemons} == {3}
@@ -187,10 +210,13 @@ def test_with_min_max_the_others_carry_on_without_a_rescheduled_node(
 def test_a_node_joining_a_running_job_grows_it_at_no_restart_cost(
     start: Start, endpoint: str, tmp_path: Path
 ) -> None:
-    # the 2-node job trains until it has grown, then 150 steps: were its length fixed, a
-    # loaded machine could see it end before the third node, still starting, joined
+    # real gloo ranks, whose world grows from 2 to 3. The 2-node job trains until it has
+    # grown, then 40 steps (no snapshot: generation 1 runs them all, over 3 ranks): were
+    # its length fixed, a loaded machine could see it end before the third node, still
+    # starting, joined
     grows = str(RANKS / "train_until_grown.py")
-    args = (*node(endpoint, "2:3"), grows, "--world-size", "3", *train(tmp_path, 150)[1:])
+    args = (*node(endpoint, "2:3"), grows, "--world-size", "3", "--steps", "40",
+            "--step-time", "0.05")  # fmt: skip
     d0, d1 = start(*args), start(*args)
     assert joined(d0)["nnodes"] == 2
     d0.wait_event("rank_spawned", 60, where=lambda e: e["generation"] == 1)  # training is under way
