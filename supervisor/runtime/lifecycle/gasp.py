@@ -37,6 +37,9 @@ async def ask_to_save(
     if deadline <= 0 or force.is_set():
         return
     asked: dict[str, RankProcess] = {}
+    # from before the first ask: a rank may start saving while the next is asked, and
+    # the deadline and the figure are how long the saves held the stop
+    started = clock.monotonic()
     for local_rank, rank in gen.ranks.items():
         # a hung rank is not asked: its state is in doubt, and a rank stuck holding the
         # GIL could not answer, so it would only hold the restart for the whole deadline
@@ -49,7 +52,6 @@ async def ask_to_save(
         return
     events.emit("save_requested", generation=gen.number, ranks=sorted(r.slot.rank for r in asked.values()),
                 deadline=deadline, why=why)  # fmt: skip
-    started = clock.monotonic()
     await _answers(asked, monitor, started + deadline, clock, force)
     answers = {rid: monitor.saves.get(rid) for rid in asked}
     saved = sorted(asked[rid].slot.rank for rid, a in answers.items() if a is not None and a.ok)
