@@ -23,7 +23,7 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
@@ -38,12 +38,14 @@ from supervisor.core.rules import compile_rules, prefilter
 from supervisor.core.types import ExitStatus, RankExit, RankFailure
 from supervisor.hooks import PluginSettings
 from supervisor.hooks.registry import Registry
-from supervisor.postmortem import logs
-from supervisor.postmortem.agree import disagreements
-from supervisor.postmortem.render import render_files, render_run, run_json
-from supervisor.postmortem.replay import ReplayedRun, Settings, judge_run
-from supervisor.postmortem.runlog import run_dirs
 from supervisor.process.evidence import read_error_file_now
+
+if TYPE_CHECKING:
+    from supervisor.postmortem import logs
+    from supervisor.postmortem.replay import ReplayedRun, Settings
+
+# supervisor.postmortem is imported where a command uses it: every `ft-supervisor run`
+# builds this module's parser, and a daemon never replays a run (~80 ms of its start)
 
 FILES_RESTARTS = 3  # restarts left for a failure read from files alone
 
@@ -65,6 +67,8 @@ def _gather(
     paths: list[Path], dmesg: list[Path], agent: list[Path], extra: Screen | None
 ) -> tuple[Evidence, dict[int, logs.LogFile]]:
     """The evidence, and the logs that hold several ranks' lines, by the rank that stands for them."""
+    from supervisor.postmortem import logs  # noqa: PLC0415 - see the imports
+
     failures: list[RankFailure] = []
     mixed: dict[int, logs.LogFile] = {}
     agent_lines: list[str] = []
@@ -170,6 +174,8 @@ def _problems(registry: Registry) -> list[str]:
 
 
 def _settings(ns: argparse.Namespace) -> Settings:
+    from supervisor.postmortem.replay import Settings  # noqa: PLC0415 - see the imports
+
     if ns.restart_window is not None and ns.restart_window <= 0:
         _usage(ns, f"--restart-window {ns.restart_window:g}: must be more than 0 seconds")
     if ns.max_restarts is not None and ns.max_restarts < 0:
@@ -190,6 +196,10 @@ def _settings(ns: argparse.Namespace) -> Settings:
 
 
 def _classify(ns: argparse.Namespace) -> int:
+    from supervisor.postmortem.render import render_run, run_json  # noqa: PLC0415 - see the imports
+    from supervisor.postmortem.replay import judge_run  # noqa: PLC0415
+    from supervisor.postmortem.runlog import run_dirs  # noqa: PLC0415
+
     if not (ns.paths or ns.dmesg or ns.agent_log):
         print("ft-supervisor classify: give at least one log, error file or run directory", file=sys.stderr)
         return 2
@@ -231,6 +241,8 @@ def _classify(ns: argparse.Namespace) -> int:
 
 def _check(replayed: ReplayedRun, run_dir: Path) -> list[str]:
     """Where the replayed and the run's reason.json disagree, or why they cannot be compared."""
+    from supervisor.postmortem.agree import disagreements  # noqa: PLC0415 - see the imports
+
     reason = run_dir / "reason.json"
     if not reason.is_file():
         return ["no reason.json to compare with"]
@@ -246,6 +258,9 @@ def _check(replayed: ReplayedRun, run_dir: Path) -> list[str]:
 def classify_run(run_dir: Path, settings: Settings | None = None) -> tuple[dict[str, Any], list[str]]:
     """``classify --json --check RUN_DIR``, in this process: the run judged again (as
     JSON), and where that disagrees with its reason.json (empty: they agree)."""
+    from supervisor.postmortem.render import run_json  # noqa: PLC0415 - see the imports
+    from supervisor.postmortem.replay import judge_run  # noqa: PLC0415
+
     replayed = judge_run(run_dir, settings)
     differ = _check(replayed, run_dir)
     return run_json(replayed, differ), differ
@@ -254,6 +269,8 @@ def classify_run(run_dir: Path, settings: Settings | None = None) -> tuple[dict[
 def _classify_files(
     ns: argparse.Namespace, settings: Settings, files: list[Path]
 ) -> tuple[dict[str, Any], str]:
+    from supervisor.postmortem.render import render_files  # noqa: PLC0415 - see the imports
+
     registry = _registry(ns)
     evidence, mixed = _gather(files, ns.dmesg, ns.agent_log, _extra(ns.rules))
     c = _named(registry.classify(evidence), mixed)

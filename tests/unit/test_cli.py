@@ -221,3 +221,18 @@ def test_help_shows_the_essentials_and_help_all_every_option(capsys: pytest.Capt
             assert f"  {first}" in full or f", {first}" in full, first
     assert "--ft-max-no-progress-cycles" in full and "--ft-min-progress-iterations" in full
     assert "--nproc_per_node" not in full  # the aliases are accepted, not listed
+
+
+def test_a_daemons_start_imports_no_offline_replay() -> None:
+    # every `ft-supervisor run` builds the whole command line, classify's included: the
+    # replay of run directories (supervisor.postmortem, ~80 ms) is for `classify` alone
+    probe = (
+        "import sys\n"
+        "from supervisor.cli import build_parser\n"
+        "build_parser()\n"
+        "import supervisor.runtime.lifecycle.start\n"
+        "print(sorted(m for m in sys.modules if m.startswith('supervisor.postmortem')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                         check=True)  # fmt: skip
+    assert out.stdout.strip() == "[]", out.stdout
