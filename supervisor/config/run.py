@@ -52,10 +52,24 @@ def parse_std(option: str, value: str, nproc: int) -> dict[int, int]:
     return spec
 
 
-def parse_nproc(value: str, environ: Mapping[str, str], python: str | None = None) -> int:
+DEV = Path("/dev")
+# device nodes of accelerators other than CUDA that torch.accelerator may count: Intel
+# GPUs (XPU) and other DRM render nodes, the kernel's compute accelerators (Habana Gaudi
+# and others), Huawei Ascend, AWS Neuron. A node with one of them only makes us ask torch.
+ACCELERATOR_NODES = ("dri/renderD*", "accel/accel*", "davinci[0-9]*", "neuron[0-9]*")
+
+
+def other_accelerators(dev: Path = DEV) -> bool:
+    """Whether this node has a device node of an accelerator other than CUDA."""
+    return any(next(dev.glob(pattern), None) is not None for pattern in ACCELERATOR_NODES)
+
+
+def parse_nproc(value: str, environ: Mapping[str, str], python: str | None = None, dev: Path = DEV) -> int:
     """torchrun's --nproc-per-node. An integer, cpu, gpu and auto are read here; another
     device name (xpu, the PrivateUse1 backend's) only the ranks' torch can count: it is
-    asked (``python``, the ranks' interpreter), once, as torchrun would."""
+    asked (``python``, the ranks' interpreter), once, as torchrun would. So is auto on a
+    node with no CUDA device but another accelerator's device node (``dev``): torch's
+    auto counts any accelerator, and the CPUs only where there is none."""
     value = value.strip()
     if re.fullmatch(r"\d+", value):
         n = int(value)
@@ -70,6 +84,8 @@ def parse_nproc(value: str, environ: Mapping[str, str], python: str | None = Non
             return gpus
         if value == "gpu":
             raise ConfigError("--nproc-per-node gpu: no CUDA device is visible on this node")
+        if python is not None and other_accelerators(dev):
+            return _torch_counts(value, python)  # torch's accelerator, or its CPU count
         return len(os.sched_getaffinity(0))
     if python is not None and re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", value):
         return _torch_counts(value, python)

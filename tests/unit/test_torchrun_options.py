@@ -194,3 +194,25 @@ def test_numa_binding_is_torchs_own_code(monkeypatch: pytest.MonkeyPatch) -> Non
     finally:
         os.sched_setaffinity(0, before)
     assert "FT_SUPERVISOR_NUMA_BINDING" not in os.environ
+
+
+def test_auto_asks_torch_where_a_node_has_an_accelerator_other_than_cuda(tmp_path: Path) -> None:
+    # torchrun's auto counts any accelerator torch knows (XPU, HPU...), the CPUs only where
+    # there is none: a node with another accelerator's device node asks the ranks' torch
+    import sys  # noqa: PLC0415
+
+    from supervisor.config.run import parse_nproc  # noqa: PLC0415
+
+    asked = tmp_path / "asked"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\ntouch {asked}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    quiet, xpu = tmp_path / "dev-cpu", tmp_path / "dev-xpu"
+    quiet.mkdir()
+    (xpu / "dri").mkdir(parents=True)
+    (xpu / "dri" / "renderD128").touch()
+    cpus = len(os.sched_getaffinity(0))
+    assert parse_nproc("auto", {}, str(python), dev=quiet) == cpus
+    assert not asked.exists()  # a CPU-only node: no torch to start
+    assert parse_nproc("auto", {}, str(python), dev=xpu) == cpus  # torch: no XPU here, so the CPUs
+    assert asked.exists()
