@@ -187,6 +187,7 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         stop_signals=stops,
         standby=not ns.no_standby and ns.max_restarts > 0,
         cgroups=not ns.no_cgroups,
+        fork_server=not ns.no_fork_server,
         virtual_local_rank=ns.virtual_local_rank,
         log_level=ns.log_level,
         ranks_torch=torchrun.torch_version(program.python) if program.kind != "exec" else None,

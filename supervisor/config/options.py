@@ -116,7 +116,10 @@ def _ours() -> dict[str, dict[str, Any]]:
             "type": durations.duration,
             "help": "accepted and ignored: exits are noticed at once",
         },
-        "start_method": {"help": "accepted and ignored: ranks start through the ft-supervisor bootstrap"},
+        "start_method": {
+            "help": "accepted and ignored: ranks are forked from ft-supervisor's fork server "
+            "(or spawned through its bootstrap: --no-fork-server)"
+        },
         "event_log_handler": {"help": "accepted and ignored: the run's events go to its events.jsonl"},
         "role": {"help": "role name of the ranks (ROLE_NAME)"},
         "module": {"help": "run SCRIPT as a module, like python -m"},
@@ -208,6 +211,13 @@ def add_supervisor_options(f: Any) -> None:
         default="auto",
         help="modules a rank imports before its generation starts: auto (torch when "
         "installed), none, or a comma-separated list",
+    )
+    _opt(
+        f,
+        "--no-fork-server",
+        action="store_true",
+        help="spawn every rank afresh, each importing the preload itself, instead of forking it "
+        "from one process that imported it once (README: warm standbys)",
     )
     _opt(
         f,

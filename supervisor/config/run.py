@@ -217,6 +217,7 @@ class RunConfig:
     mtbf: float | None = None  # a prior mean time between failures, for the advised checkpoint interval
     stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
     standby: bool = True
+    fork_server: bool = True  # ranks forked from one process that preloaded (process/forkserver.py)
     cgroups: bool = True  # a cgroup per generation where one can be created
     virtual_local_rank: bool = False
     log_level: str = "info"

@@ -137,8 +137,9 @@ KNOWN: dict[str, str] = {
 WHY: dict[str, str] = {
     "monitor_interval": "a rank's exit is noticed by the event loop the moment its process ends, "
     "not polled every interval",
-    "start_method": "ranks start through ft-supervisor's bootstrap, a fresh interpreter each "
-    "(pre-started as a standby), not through torch's multiprocessing",
+    "start_method": "ranks are forked from ft-supervisor's fork server, which imported the preload "
+    "once (--no-fork-server: a fresh interpreter each), pre-started as standbys, not through "
+    "torch's multiprocessing",
     "event_log_handler": "torchelastic's agent events are not produced; ft-supervisor records its own "
     "in <log-dir>/<run id>/<run>/events.jsonl",
     "logs_specs": "ft-supervisor writes each rank's output to its own files "

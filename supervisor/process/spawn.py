@@ -16,6 +16,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import orjson
 
@@ -29,10 +30,17 @@ BOOTSTRAP = str(Path(__file__).with_name("bootstrap.py"))
 
 
 def rank_argv(
-    program: Program, boot_fd: int, parent_pid: int, cgroup: Path | None = None, *, idle: bool = False
+    program: Program,
+    boot_fd: int,
+    parent_pid: int,
+    cgroup: Path | None = None,
+    *,
+    idle: bool = False,
+    fork_server: bool = False,
 ) -> list[str]:
-    """The bootstrap's command line for one rank of ``program``."""
-    flags = [flag for flag, on in (("fast-exit", program.fast_exit), ("idle", idle)) if on]
+    """The bootstrap's command line for one rank of ``program`` (or its fork server)."""
+    wanted = (("fast-exit", program.fast_exit), ("idle", idle), ("fork-server", fork_server))
+    flags = [flag for flag, on in wanted if on]
     return [
         program.python,
         "-u",
@@ -63,6 +71,17 @@ class RankFiles:
         return cls(d, d / "stdout.log", d / "stderr.log", d / "error.json")
 
 
+class OsProcess(Protocol):
+    """What a rank's process must offer: ``asyncio.subprocess.Process`` for a spawned
+    rank, ``forkserver.ForkedProcess`` for a forked one."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+    async def wait(self) -> int: ...
+
+
 class RankProcess:
     """One rank's OS process, from spawn to reap.
 
@@ -75,7 +94,7 @@ class RankProcess:
         self,
         *,
         slot: RankSlot,
-        proc: asyncio.subprocess.Process,
+        proc: OsProcess,
         boot: tuple[asyncio.StreamReader, asyncio.StreamWriter],
         files: RankFiles,
         spawned_at: float,

@@ -5,7 +5,8 @@ after the go, for ranks that report no steps): beside a generation's start-up it
 slowed it, even at idle priority. It preloads at SCHED_IDLE where it may come back
 from it, and is hurried to normal priority when its go comes before its preload is
 over. A go that comes during the preload ends it: the program imports what it needs
-itself.
+itself. (Those two are about spawned ranks, which preload themselves: a rank forked
+from the fork server is ready at birth; tests/integration/test_fork_server.py.)
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def test_a_standby_preloads_at_idle_priority_and_is_hurried_when_needed_early(
 ) -> None:
     gate = tmp_path / "gate"
     env = {**os.environ, "FT_TEST_PRELOAD_GATE": str(gate)}
-    d = start(*FAST, "--preload", "slow_preload", BEHAVE, "--forever", env=env)
+    # spawned standbys: each preloads itself (a forked one has it from the fork server)
+    d = start(*FAST, "--no-fork-server", "--preload", "slow_preload", BEHAVE, "--forever", env=env)
     standbys = [e["pid"] for e in d.wait_event("rank_spawned", where=lambda e: e["generation"] == 1, count=2)]
     # both standbys are inside their preload, spinning
     wait_until(lambda: all(Path(f"{gate}.{pid}.in").exists() for pid in standbys), 30, "standbys preloading")
@@ -94,8 +96,8 @@ def test_without_cap_sys_nice_standbys_wait_for_the_generation_to_settle(start: 
 def test_a_go_during_the_preload_ends_it(start: Start, tmp_path: Path) -> None:
     mark = tmp_path / "late"
     env = {**os.environ, "FT_TEST_PRELOAD_MARK": str(mark)}
-    d = start("--nproc-per-node", "2", "--preload", "go_preload,late_preload", BEHAVE, "--print", "ran",
-              env=env)  # fmt: skip
+    d = start("--nproc-per-node", "2", "--no-fork-server", "--preload", "go_preload,late_preload", BEHAVE,
+              "--print", "ran", env=env)  # fmt: skip
     assert d.wait(timeout=60) == 0, d.story()
     assert "[rank 0] ran\n" in d.stdout() and "[rank 1] ran\n" in d.stdout()
     assert not list(tmp_path.glob("late.*"))  # the go came first: the rest was never imported

@@ -160,6 +160,7 @@ class Supervisor:
             start_task=self._start_task,
             signaller=self._signaller,
             force=self._force,
+            adopts=self.hosting.subreaper or self.hosting.pid1,
         )
         self._ender = Ender(self.cfg, monitor=self.monitor, events=self.events, clock=self.clock,
                             follower=self._follower, signaller=self._signaller, force=self._force,
@@ -205,6 +206,7 @@ class Supervisor:
             # the last checkpoint sync, whatever the outcome; _supervise ended the ranks
             # (unless the daemon itself failed: then only settled checkpoints are sent)
             await self.checkpoints.final(ranks_gone=code != EXIT_FAILED)
+            await self._launcher.close()
             signals.uninstall(handled)
             await guard.close()
             self._finish(code)
@@ -275,14 +277,20 @@ class Supervisor:
 
     async def _supervise(self) -> int:
         launcher, job = self._launcher, self.job
-        gen = await launcher.prepare(0, standby=False)  # ranks preload while the nodes gather
+        # ranks preload (or the fork server does) while the nodes gather
+        prepared = asyncio.ensure_future(launcher.prepare(0, standby=False))
         try:
-            if not await self._unless_stopped(job.start()):
-                await launcher.drop(gen)
-                return self._stopped_code()
+            started = await self._unless_stopped(job.start())
         except JobOver as over:
-            await launcher.drop(gen)
+            await launcher.discard(prepared)
             return await self._job_over(None, over)
+        except BaseException:
+            prepared.cancel()
+            raise
+        gen = await prepared
+        if not started:
+            await launcher.drop(gen)
+            return self._stopped_code()
         while True:
             try:
                 job_gen = await self._unless_stopped(job.join(gen.number))

@@ -20,6 +20,7 @@ from supervisor.core.states import RankState
 from supervisor.core.topology import (
     ENV_RANKS_ENDPOINT,
     ENV_TIMEOUTS,
+    RankSlot,
     RunIdentity,
     Topology,
     master_env,
@@ -36,6 +37,7 @@ from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller, terminate
 from supervisor.runtime.clock import Clock
 from supervisor.runtime.lifecycle.ending import release
+from supervisor.runtime.lifecycle.forking import ForkServing
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
 from supervisor.runtime.records.events import EventLog
@@ -65,6 +67,7 @@ class Launcher:
         start_task: StartTask,
         signaller: Signaller,
         force: asyncio.Event,
+        adopts: bool = False,
     ) -> None:
         self.cfg = cfg
         self._rundir = rundir
@@ -82,6 +85,7 @@ class Launcher:
         self._containing = asyncio.Lock()
         # the next generation's standbys: spawned, ready (preloaded) and how long that took
         self.standby: dict[str, Any] | None = None
+        self._forks = ForkServing(cfg, events, clock, adopts=adopts, log=rundir.root / "fork_server.log")
 
     async def prepare(self, number: int, *, standby: bool, topology: Topology | None = None) -> Generation:
         """Spawn a generation's ranks; they wait for their go. Until the
@@ -150,9 +154,8 @@ class Launcher:
         described = self._monitor.learned.describe(self._monitor.configured)
         return {ENV_RANKS_ENDPOINT: self._ranks_endpoint, ENV_TIMEOUTS: orjson.dumps(described).decode()}
 
-    async def _spawn_into(self, gen: Generation, local_rank: int, *, standby: bool) -> None:
-        slot = gen.topology.slots()[local_rank]
-        files = self._rundir.rank_files(gen.number, local_rank)
+    def _env(self, gen: Generation, slot: RankSlot) -> dict[str, str]:
+        files = self._rundir.rank_files(gen.number, slot.local_rank)
         env = rank_env(
             os.environ,
             gen.topology,
@@ -163,8 +166,19 @@ class Launcher:
         )
         env.update(self._monitor_env())
         env.update(flight_recorder_env(env, files.dir.parent, self.cfg.ranks_torch))
-        rank = await spawn_rank(self.cfg.program, slot, env, files, now=self._clock.monotonic(),
-                                standby=standby, containment=self._placement(gen.number))  # fmt: skip
+        return env
+
+    async def _spawn_into(self, gen: Generation, local_rank: int, *, standby: bool) -> None:
+        slot = gen.topology.slots()[local_rank]
+        files = self._rundir.rank_files(gen.number, local_rank)
+        env = self._env(gen, slot)
+        placement = self._placement(gen.number)
+        rank = await self._forks.fork(gen.topology, slot, env, files, env_for=lambda s: self._env(gen, s),
+                                      run_token=self._ident.run_token, standby=standby,
+                                      containment=placement)  # fmt: skip
+        if rank is None:
+            rank = await spawn_rank(self.cfg.program, slot, env, files, now=self._clock.monotonic(),
+                                    standby=standby, containment=placement)  # fmt: skip
         gen.add(rank)
         self._start_task(gen.watch(rank), f"watch-gen{gen.number}-rank{local_rank}")
         self._events.emit(
@@ -175,7 +189,12 @@ class Launcher:
             local_rank=local_rank,
             pid=rank.pid,
             standby=standby,
+            forked=not isinstance(rank.proc, asyncio.subprocess.Process),
         )
+
+    async def close(self) -> None:
+        """End the fork server (the ranks it forked are the daemon's to end)."""
+        await self._forks.close(self.cfg.kill_timeout)
 
     async def prepare_standby(
         self, current: Generation, restarts_left: int, stopping: asyncio.Event
