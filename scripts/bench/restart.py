@@ -22,8 +22,13 @@ from the snapshot and trains ``--steps-after`` more steps. Variants:
   fail to connect);
 * ``ft``: ``ft-supervisor run`` as shipped: the next generation's ranks are
   pre-started ("standby") and import torch while the current one trains;
-* ``ft-cold``: ``ft-supervisor run --no-standby``: a cold restart like torchrun's,
-  which shows how much of the gain the standby ranks bring.
+* ``ft-cold``: ``ft-supervisor run --no-standby``: no rank is started before the
+  failure, but each is forked from the fork server, which imported torch once;
+* ``ft-spawn``: ``ft-supervisor run --no-fork-server``: standby ranks, each a fresh
+  interpreter importing torch itself (how ft-supervisor started ranks before its
+  fork server);
+* ``ft-spawn-cold``: both off, ``--no-standby --no-fork-server``: a cold restart like
+  torchrun's, which shows how much of the gain the standbys and the server bring.
 * ``ft-cuda-warm`` (with ``--device cuda``): ``ft`` whose standby ranks also create
   their CUDA context and cuBLAS handle before their go (``--preload`` adds
   ``scripts/_cuda_context.py``): what that saves, and the GPU memory it holds.
@@ -112,7 +117,7 @@ LEFTOVER_GRACE = 3.0  # seconds a launcher's helpers may take to go after it exi
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PR_SET_CHILD_SUBREAPER = 36
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-VARIANT_NAMES = ("torchrun", "torchrun-noshare", "ft", "ft-cold", "ft-cuda-warm")
+VARIANT_NAMES = ("torchrun", "torchrun-noshare", "ft", "ft-cold", "ft-spawn", "ft-spawn-cold", "ft-cuda-warm")
 # ft-cuda-warm: what the daemon preloads by default, and the module that makes the CUDA context
 CUDA_WARM_PRELOAD = "torch,torch.distributed,torch.nn.parallel,torch._dynamo,_cuda_context"
 TORCHRUNS = ("torchrun", "torchrun-noshare")
@@ -125,6 +130,8 @@ LABELS = {
     "torchrun-noshare": "torchrun (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)",
     "ft": "ft-supervisor",
     "ft-cold": "ft-supervisor --no-standby",
+    "ft-spawn": "ft-supervisor --no-fork-server",
+    "ft-spawn-cold": "ft-supervisor --no-standby --no-fork-server",
     "ft-cuda-warm": "ft-supervisor, standbys make the CUDA context",
 }
 
@@ -408,7 +415,13 @@ def launcher_argv(variant: str, s: Settings, run_dir: Path) -> list[str]:
     if variant in TORCHRUNS:
         # torchrun's single-node default replaces the rdzv id with a fresh uuid
         return [str(s.bin_dir / "torchrun"), *common, *train_args(s, run_dir)]
-    extra = {"ft-cold": ["--no-standby"], "ft-cuda-warm": ["--preload", CUDA_WARM_PRELOAD]}.get(variant, [])
+    extra = {
+        "ft-cold": ["--no-standby"],
+        "ft-spawn": ["--no-fork-server"],
+        "ft-spawn-cold": ["--no-standby", "--no-fork-server"],
+        # a CUDA context cannot be forked: these standbys are spawned
+        "ft-cuda-warm": ["--no-fork-server", "--preload", CUDA_WARM_PRELOAD],
+    }.get(variant, [])
     return [str(s.bin_dir / "ft-supervisor"), "run", *common, *extra, *train_args(s, run_dir)]
 
 

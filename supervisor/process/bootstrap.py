@@ -348,6 +348,11 @@ def _serve_forks(fd: int, parent_pid: int) -> int:
     sys.stderr.flush()
     server = socket.socket(fileno=fd)
     server.setblocking(True)
+    device = _device_initialised()
+    if device:
+        # a fork cannot inherit a device context: CUDA refuses to run in the child
+        server.sendall(f"unforkable {device}\n".encode())
+        os._exit(0)
     server.sendall(b"ready\n")
     while True:
         try:
@@ -372,6 +377,19 @@ def _serve_forks(fd: int, parent_pid: int) -> int:
             os.waitpid(middle, 0)
         except ChildProcessError:
             pass
+
+
+def _device_initialised() -> str:
+    """The accelerator the preload initialised in this process (``cuda``...), or ""."""
+    torch = sys.modules.get("torch")
+    for name in ("cuda", "xpu"):
+        backend = getattr(torch, name, None)
+        try:
+            if backend is not None and backend.is_initialized():
+                return name
+        except Exception:  # noqa: S112 - a backend that cannot say has not been set up by us
+            continue
+    return ""
 
 
 def _become_rank(request: dict[str, object], fds: list[int], parent_pid: int) -> int:

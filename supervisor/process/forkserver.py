@@ -106,15 +106,22 @@ class ForkServer:
         ours.setblocking(False)
         return cls(proc, ours)
 
-    async def ready(self, timeout: float = READY_TIMEOUT) -> bool:
-        """Wait for the server's preload; False if it died or took too long."""
+    async def ready(self, timeout: float = READY_TIMEOUT) -> str | None:
+        """Wait for the server's preload: None once it is ready, else why it is not."""
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
                 said = await loop.sock_recv(self._channel, 64)
-        except (TimeoutError, OSError):
-            return False
-        return said == b"ready\n"
+        except TimeoutError:
+            return f"it took over {timeout:.0f} s to preload"
+        except OSError as exc:
+            return f"its channel failed: {exc.strerror or exc}"
+        if said == b"ready\n":
+            return None
+        if said.startswith(b"unforkable "):
+            device = said.split()[1].decode(errors="replace")
+            return f"the preload initialised {device}, which a forked process cannot use"
+        return "it died while preloading"
 
     @property
     def alive(self) -> bool:

@@ -123,3 +123,11 @@ def test_without_a_preload_there_is_no_server(start: Start, why: str, tmp_path: 
     (server,) = d.events("fork_server")
     assert server["mode"] == "off"
     assert not any(e["forked"] for e in d.events("rank_spawned"))
+
+
+def test_a_preload_that_sets_up_cuda_is_not_forked(start: Start) -> None:
+    d = start("--nproc-per-node", "2", "--preload", "cuda_context", FORKED)
+    assert d.wait() == 0, d.story()
+    (server,) = d.events("fork_server")
+    assert server["mode"] == "off" and "initialised cuda" in server["why"], server
+    assert len(_facts(d, 0)) == 2 and not any(e["forked"] for e in d.events("rank_spawned"))

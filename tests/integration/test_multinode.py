@@ -7,7 +7,7 @@ DDP over gloo) run across the nodes where the ranks' own world is what is verifi
 crash that restarts every node, a node that joins and grows the job. The tests whose
 subject is the daemons' membership decisions (a killed daemon, a spare, min/max) run
 torch-free ranks that step through supervisor.client (tests/fixtures/ranks/steps.py).
-Every node runs with ``--preload none`` (see ``node``).
+The torch-free ranks run with ``--preload none``, the gloo ones with torch's (``node``).
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ FAILS = str(RANKS / "fails.py")
 STEPS = str(RANKS / "steps.py")
 
 
-# No rank or standby imports torch before its script does (2.5 CPU-s each): the torch-free
-# ranks never need it; a standby the job never uses (the last generation's, or any whose
-# world a joining node changed) would import it for nothing; a gloo rank imports it itself
+# The torch-free ranks need no preload. The gloo ranks get torch's (the default): each
+# node's fork server imports it once (2.5 CPU-s), and every rank and standby is forked
+# from it, where spawned ones would each import it again.
 PRELOAD_NONE = ("--preload", "none")
+PRELOAD_TORCH = ("--preload", "auto")
 
 
 def node(endpoint: str, nnodes: str = "2", join_timeout: int = 60, *extra: str) -> list[str]:
@@ -119,8 +120,8 @@ def test_a_rank_crash_on_one_node_restarts_every_node_and_the_job_finishes(
 ) -> None:
     # real gloo ranks, on both nodes, in both generations
     crash = ("--crash-at-step", "15", "--crash-rank", "1")
-    d0 = start(*node(endpoint), *train(tmp_path, 60, *crash))
-    d1 = start(*node(endpoint), *train(tmp_path, 60, *crash))
+    d0 = start(*node(endpoint, "2", 60, *PRELOAD_TORCH), *train(tmp_path, 60, *crash))
+    d1 = start(*node(endpoint, "2", 60, *PRELOAD_TORCH), *train(tmp_path, 60, *crash))
     places = {joined(d0)["node_rank"], joined(d1)["node_rank"]}
     assert places == {0, 1}
     assert [d.wait(120) for d in (d0, d1)] == [0, 0], d0.stderr() + d1.stderr()
@@ -215,7 +216,7 @@ def test_a_node_joining_a_running_job_grows_it_at_no_restart_cost(
     # its length fixed, a loaded machine could see it end before the third node, still
     # starting, joined
     grows = str(RANKS / "train_until_grown.py")
-    args = (*node(endpoint, "2:3"), grows, "--world-size", "3", "--steps", "40",
+    args = (*node(endpoint, "2:3", 60, *PRELOAD_TORCH), grows, "--world-size", "3", "--steps", "40",
             "--step-time", "0.05")  # fmt: skip
     d0, d1 = start(*args), start(*args)
     assert joined(d0)["nnodes"] == 2

@@ -113,10 +113,10 @@ class ForkServing:
             except OSError as exc:
                 self._off(f"cannot start the fork server: {exc.strerror or exc}", logging.WARNING)
                 return None
-            if not await server.ready():
+            why = await server.ready()
+            if why is not None:
                 await server.close(self._cfg.kill_timeout)
-                self._off(f"the fork server died or took over its time preloading (see {self._log})",
-                          logging.WARNING)  # fmt: skip
+                self._off(f"no fork server: {why} (see {self._log})", logging.WARNING)
                 return None
             self._server = server
             self._told = True
