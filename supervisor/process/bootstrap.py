@@ -354,7 +354,13 @@ def _serve_forks(fd: int, parent_pid: int) -> int:
         server.sendall(f"unforkable {device}\n".encode())
         os._exit(0)
     server.sendall(b"ready\n")
+    import gc  # noqa: PLC0415
+
     while True:
+        # What the preload built is never garbage: out of the collector's sight, a rank's
+        # collections leave those pages shared instead of copying them (CPython's advice
+        # for a process that forks without exec)
+        gc.freeze()
         try:
             msg, fds, _, _ = socket.recv_fds(server, 1 << 20, 3)
         except OSError:
