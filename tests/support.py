@@ -14,6 +14,11 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 RANKS = REPO / "tests" / "fixtures" / "ranks"
+# What a Lightning job preloads: Lightning as well as torch. Its import (2.4 CPU-s here)
+# is then paid once, by the node's fork server, not by every rank of every generation;
+# Lightning itself imports torch._dynamo, so nothing of its exit changes (README).
+LIGHTNING_PRELOAD = ("--preload", "torch,torch.distributed,torch.nn.parallel,lightning.pytorch")
+PL_PRELOAD = ("--preload", "torch,torch.distributed,torch.nn.parallel,pytorch_lightning")
 TRAIN = REPO / "scripts" / "train.py"
 LEAK_KEY = "FT_TEST_LEAK_TOKEN"
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import RANKS, Daemon
+from tests.support import LIGHTNING_PRELOAD, RANKS, Daemon
 
 pytestmark = pytest.mark.torch
 
@@ -61,7 +61,7 @@ def test_lightning_boring_model_crash_while_its_peer_waits_is_no_hang_then_a_han
     (resumed from step 20): it hangs in training_step at step 45; rank 0 opened the step
     first and waits in DDP's all-reduce: its deadline fires, but rank 1 is the one
     declared hung and killed. Generation 2 resumes from step 40 and finishes."""
-    d = start("--nproc-per-node", "2", "--max-restarts", "2", *SECTIONS, BORING,
+    d = start("--nproc-per-node", "2", "--max-restarts", "2", *SECTIONS, *LIGHTNING_PRELOAD, BORING,
               "--ckpt-dir", str(tmp_path / "ckpt"), "--fault", "raise,hang", "--fault-step", "25,45",
               "--slow-exit", "5")  # fmt: skip
     assert d.wait(timeout=200) == 0, d.story()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import RANKS, Daemon
+from tests.support import LIGHTNING_PRELOAD, PL_PRELOAD, RANKS, Daemon
 
 pytest.importorskip("lightning")
 pytestmark = pytest.mark.torch
@@ -38,7 +38,7 @@ def _learned(d: Daemon, generation: int) -> dict[str, float]:
 def test_autoresume_creates_the_finished_flag_on_success_only(start: Start, tmp_path: Path) -> None:
     work = ("--max-steps", "30", "--every", "10", "--val-every", "10", "--autoresume")
     flag = tmp_path / "ok" / "finished"
-    ok = start("--nproc-per-node", "2", *SECTIONS,
+    ok = start("--nproc-per-node", "2", *SECTIONS, *LIGHTNING_PRELOAD,
                SCRIPT, "--ckpt-dir", str(tmp_path / "ok" / "ckpt"), *work, env=_env(flag))  # fmt: skip
     assert ok.wait(timeout=120) == 0, ok.stderr()
     assert flag.exists()
@@ -48,7 +48,7 @@ def test_autoresume_creates_the_finished_flag_on_success_only(start: Start, tmp_
     # max_steps is reached, then the rank raises: a failure, so no flag (rank 0 creates it:
     # one rank is enough to show it does not after a failure)
     flag = tmp_path / "failed" / "finished"
-    failed = start("--nproc-per-node", "1", *SECTIONS,
+    failed = start("--nproc-per-node", "1", *SECTIONS, *LIGHTNING_PRELOAD,
                    SCRIPT, "--ckpt-dir", str(tmp_path / "failed" / "ckpt"), *work, "--fail-at-end",
                    env=_env(flag))  # fmt: skip
     assert failed.wait(timeout=120) == 2  # a Python error, no restart left: abort
@@ -62,7 +62,7 @@ def test_nvrx_style_sections_callback_under_pytorch_lightning_recovers_from_a_cr
     # NVRx code builds it, autoresume=True without FAULT_TOL_FINISHED_FLAG_FILE in the environment,
     # and NVRx's simulated_fault_params (plus our generation): rank 1 raises as generation 0 starts
     fault = '{"fault_type": "exception", "base_delay": 0, "rank_to_fail": 1, "generation": 0}'
-    d = start("--nproc-per-node", "2", "--max-restarts", "1", *SECTIONS, PACKAGES,
+    d = start("--nproc-per-node", "2", "--max-restarts", "1", *SECTIONS, *PL_PRELOAD, PACKAGES,
               "--package", "pytorch_lightning", "--simulated-fault", fault, env=_env(None))  # fmt: skip
     assert d.wait(timeout=120) == 0, d.story()
     assert [(e["generation"], e["action"], e["rank"]) for e in d.events("decision")] == [(0, "restart", 1)]
@@ -84,9 +84,9 @@ def test_nvrx_style_sections_callback_under_pytorch_lightning_recovers_from_a_cr
 @pytest.mark.slow
 def test_lightning_pytorch_boring_model_without_the_flag_variable(start: Start) -> None:
     # the README's line, with section timeouts only, nothing else set: no setup error, no warning
-    d = start("--nproc-per-node", "1", *SECTIONS, PACKAGES, "--package", "lightning.pytorch",
-              "--callback", "FaultToleranceCallback", "--max-steps", "3", "--then-other",
-              env=_env(None))  # fmt: skip
+    d = start("--nproc-per-node", "1", *SECTIONS, *LIGHTNING_PRELOAD, PACKAGES,
+              "--package", "lightning.pytorch", "--callback", "FaultToleranceCallback", "--max-steps", "3",
+              "--then-other", env=_env(None))  # fmt: skip
     assert d.wait(timeout=120) == 0, d.story()
     run_dir = d.run_dir()
     assert run_dir is not None and (run_dir / "finished").exists()

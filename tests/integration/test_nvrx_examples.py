@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import RANKS, Daemon, wait_until
+from tests.support import LIGHTNING_PRELOAD, RANKS, Daemon, wait_until
 
 pytest.importorskip("nvidia_resiliency_ext")
 # three generations of torch ranks each: deadlines are backstops for a loaded machine
@@ -97,7 +97,7 @@ def test_nvrx_lightning_callback_unchanged_survives_a_crash_and_a_hang(start: St
     d = start(*LAUNCH,
               # the callback calculates the heartbeat timeout: it is never below the floor
               "--ft-initial-rank-heartbeat-timeout", "60", "--ft-rank-heartbeat-timeout", "3",
-              "--ft-learned-timeout-floor", "5", str(RANKS / "nvrx_lightning.py"),
+              "--ft-learned-timeout-floor", "5", *LIGHTNING_PRELOAD, str(RANKS / "nvrx_lightning.py"),
               "--dir", str(tmp_path / "exp"), "--crash-step", "25", "--hang-step", "45")  # fmt: skip
     assert d.wait(timeout=240) == 0, d.story()
     assert _decisions(d) == [(0, "restart", "rank_failed", 1, "P9"), (1, "restart", "rank_hung", 1, "HANG")]
