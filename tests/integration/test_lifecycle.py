@@ -72,8 +72,8 @@ def test_crash_restarts_with_warm_standbys_and_a_fresh_port(start: Start, tmp_pa
         "0",
         "--exit",
         "3",
+        "--step",  # a step: the standbys come at once, not after the settling time
     )
-    # behave.py reports no steps: its standbys come once the generation has settled
     d.wait_event("rank_spawned", where=lambda e: e["standby"], count=2, timeout=STANDBY_SETTLE + 30)
     for generation in (0, 1):
         (tmp_path / f"go{generation}").touch()
@@ -112,7 +112,7 @@ def test_without_standby_a_restart_spawns_fresh_ranks(start: Start) -> None:
 
 
 def test_a_standby_that_died_is_replaced(start: Start) -> None:
-    d = start(*FAST, "--max-restarts", "1", BEHAVE, "--forever")
+    d = start(*FAST, "--max-restarts", "1", BEHAVE, "--forever", "--step")
     standbys = d.wait_event("rank_spawned", where=lambda e: e["standby"], count=2)
     victim = standbys[0]["pid"]
     os.kill(victim, signal.SIGKILL)
@@ -206,7 +206,8 @@ def test_sigusr1_dumps_the_status(start: Start, tmp_path: Path) -> None:
 def test_sigkilled_daemon_leaves_no_rank_or_grandchild(
     start: Start, tmp_path: Path, containment: tuple[str, ...]
 ) -> None:
-    d = start(*FAST, *containment, "--max-restarts", "1", BEHAVE, "--forever", "--grandchild", str(tmp_path))
+    d = start(*FAST, *containment, "--max-restarts", "1", BEHAVE, "--forever", "--step",
+              "--grandchild", str(tmp_path))  # fmt: skip
     wait_until(lambda: len(list(tmp_path.glob("*.children"))) == 2, 30, "the grandchildren")
     standbys = d.wait_event("rank_spawned", where=lambda e: e["standby"], count=2)
     pids = rank_pids(d) + [int(p) for f in tmp_path.glob("*.children") for p in f.read_text().split()]
@@ -288,7 +289,7 @@ def test_a_rank_stuck_in_the_kernel_ends_the_run_without_wedging(start: Start, t
 def test_standbys_say_when_they_are_ready_and_status_shows_it(start: Start) -> None:
     # issue 13: nothing said whether the standbys were ready; generation_started said
     # standby_ranks=2 either way
-    d = start(*FAST, "--max-restarts", "2", BEHAVE, "--forever")
+    d = start(*FAST, "--max-restarts", "2", BEHAVE, "--forever", "--step")
     ready = d.wait_event("standby_ready")[0]
     assert ready["generation"] == 1 and ready["ranks"] == 2 and ready["seconds"] >= 0
     d.signal(signal.SIGUSR1)
@@ -313,7 +314,7 @@ def test_a_released_standby_leaves_idle_priority_even_before_it_runs(start: Star
     on a busy node an idle-priority process may wait seconds for the CPU it needs to
     read it (CI: a twenty-cycle test waited 60 s for a released standby). Stopped
     here, so that only the daemon can have done it."""
-    d = start(*FAST, "--max-restarts", "1", BEHAVE, "--forever")
+    d = start(*FAST, "--max-restarts", "1", BEHAVE, "--forever", "--step")
     d.wait_event("standby_ready", where=lambda e: e["generation"] == 1)
     standbys = rank_pids(d, 1)
     assert len(standbys) == 2

@@ -107,7 +107,7 @@ def test_a_full_log_filesystem_degrades_the_event_log_not_supervision(
         # generation 0, both end well in generation 1
         go = tmp_path / "go"
         d = Daemon(home, (*FAST, "--max-restarts", "2", BEHAVE, "--wait-for", str(go), "--fail-rank", "1",
-                          "--fail-generations", "0", "--kill-self", "SIGKILL"))  # fmt: skip
+                          "--fail-generations", "0", "--kill-self", "SIGKILL", "--step"))  # fmt: skip
         daemons.append(d)
         d.wait_event("rank_spawned", where=lambda e: e["generation"] == 1, count=2)  # the standbys
         filler = logs / "filler"

@@ -49,7 +49,7 @@ def test_a_standby_preloads_at_idle_priority_and_is_hurried_when_needed_early(
     gate = tmp_path / "gate"
     env = {**os.environ, "FT_TEST_PRELOAD_GATE": str(gate)}
     # spawned standbys: each preloads itself (a forked one has it from the fork server)
-    d = start(*FAST, "--no-fork-server", "--preload", "slow_preload", BEHAVE, "--forever", env=env)
+    d = start(*FAST, "--no-fork-server", "--preload", "slow_preload", BEHAVE, "--forever", "--step", env=env)
     standbys = [e["pid"] for e in d.wait_event("rank_spawned", where=lambda e: e["generation"] == 1, count=2)]
     # both standbys are inside their preload, spinning
     wait_until(lambda: all(Path(f"{gate}.{pid}.in").exists() for pid in standbys), 30, "standbys preloading")
