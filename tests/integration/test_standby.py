@@ -69,7 +69,7 @@ def test_a_standby_preloads_at_idle_priority_and_is_hurried_when_needed_early(
 
 def test_standbys_start_once_every_rank_has_stepped(start: Start) -> None:
     # the first step takes 2 s (a warm-up, as compiling or loading data would)
-    d = start(*FAST, str(RANKS / "monitored.py"), "--iterations", "--steps", "1000000",
+    d = start(*FAST, "--preload", "none", str(RANKS / "monitored.py"), "--iterations", "--steps", "1000000",
               "--step-time", "0.01", "--slow-steps", "1", "--slow-time", "2")  # fmt: skip
     spawned = d.wait_event("rank_spawned", where=lambda e: e["generation"] == 1, count=2)
     stepping = [e["t_mono"] for e in d.events("rank_stepping") if e["generation"] == 0]

@@ -19,6 +19,7 @@ RESCHEDULE = 200  # the reschedule exit code's default
 # quick to fill and to sustain: a test lasts seconds, not the minutes of the defaults
 FAST = ("--straggler-window", "8", "--straggler-warmup", "2", "--straggler-sustain", "0.5")
 SECTIONS = ("--ft-rank-section-timeouts", "step:none,checkpointing:none")
+NO_TORCH = ("--preload", "none")  # straggling.py steps without torch: nothing to preload
 
 
 def _scores(port: int) -> dict[str, float] | None:
@@ -30,8 +31,9 @@ def _scores(port: int) -> dict[str, float] | None:
 
 
 def test_a_rank_sleeping_longer_is_flagged_and_its_peer_is_not(start: Start, tmp_path: Path) -> None:
-    d = start("--nproc-per-node", "2", "--metrics-port", "0", *FAST, *SECTIONS, str(RANKS / "straggling.py"),
-              "--steps", "60", "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3")  # fmt: skip
+    d = start("--nproc-per-node", "2", "--metrics-port", "0", *FAST, *SECTIONS, *NO_TORCH,
+              str(RANKS / "straggling.py"), "--steps", "60", "--step-time", "0.05", "--slow-rank", "1",
+              "--factor", "1.3")  # fmt: skip
     found = d.wait_event("straggler_detected", timeout=30)
     assert found[0]["rank"] == 1, d.story()
     assert 1.2 <= found[0]["score"] <= 1.45, found
@@ -61,7 +63,7 @@ def test_a_ddp_rank_computing_longer_is_flagged_and_its_peer_is_not(start: Start
 
 
 def test_a_healthy_run_with_evaluation_and_checkpoints_flags_nobody(start: Start) -> None:
-    d = start("--nproc-per-node", "2", *FAST, *SECTIONS, str(RANKS / "straggling.py"),
+    d = start("--nproc-per-node", "2", *FAST, *SECTIONS, *NO_TORCH, str(RANKS / "straggling.py"),
               "--steps", "60", "--step-time", "0.04", "--wait-time", "0.002", "--eval-every", "20",
               "--eval-time", "0.3", "--save-every", "15", "--save-time", "0.4", "--bad-timing")  # fmt: skip
     assert d.wait() == 0, d.story()
@@ -77,7 +79,7 @@ def test_a_healthy_run_with_evaluation_and_checkpoints_flags_nobody(start: Start
 
 def test_straggler_action_restart_restarts_within_the_budget(start: Start) -> None:
     d = start("--nproc-per-node", "2", "--max-restarts", "1", "--straggler-action", "restart", *FAST,
-              *SECTIONS, str(RANKS / "straggling.py"),
+              *SECTIONS, *NO_TORCH, str(RANKS / "straggling.py"),
               "--steps", "40", "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3")  # fmt: skip
     decision = d.wait_event("decision", timeout=30)[0]
     assert decision["action"] == "restart" and decision["reason"] == "straggler", decision
@@ -93,7 +95,7 @@ def test_straggler_action_reschedule_sends_the_node_away_and_marks_its_ledger(
 ) -> None:
     state = tmp_path / "node-state"
     d = start("--nproc-per-node", "2", "--max-restarts", "1", "--straggler-action", "reschedule", *FAST,
-              *SECTIONS, "--node-state-dir", str(state), str(RANKS / "straggling.py"),
+              *SECTIONS, *NO_TORCH, "--node-state-dir", str(state), str(RANKS / "straggling.py"),
               "--steps", "100", "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3")  # fmt: skip
     assert d.wait() == RESCHEDULE, d.story()
     (decision,) = d.events("decision")
@@ -116,7 +118,7 @@ def test_with_one_rank_a_node_the_job_s_ranks_are_the_reference(
     stop = tmp_path / "stop"
     conf = "is_host=0,keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1,join_timeout=60"
     program = ("--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-               endpoint, "--local-addr", "127.0.0.1", "--rdzv-conf", conf, *FAST, *SECTIONS,
+               endpoint, "--local-addr", "127.0.0.1", "--rdzv-conf", conf, *FAST, *SECTIONS, *NO_TORCH,
                str(RANKS / "straggling.py"), "--steps", "1200", "--step-time", "0.05", "--slow-rank", "1",
                "--factor", "1.5", "--stop-file", str(stop))  # fmt: skip
     nodes = [start(*program), start(*program)]

@@ -92,12 +92,10 @@ def test_bad_options_exit_2_with_a_clear_message(
 
 
 def test_a_bad_option_exits_2_from_the_real_command_line(script: Path, tmp_path: Path) -> None:
-    r = _cli("run", "--nproc-per-node", "zero", str(script), cwd=tmp_path)
+    r = _cli("run", "--max-restarts", "-1", str(script), cwd=tmp_path)
     assert r.returncode == 2, r.stderr
-    assert r.stderr == (
-        "ft-supervisor run: error: --nproc-per-node 'zero': expected an integer, cpu, gpu, xpu or auto "
-        "(see ft-supervisor run --help)\n"
-    )
+    said = "ft-supervisor run: error: --max-restarts -1: must be >= 0 (see ft-supervisor run --help)\n"
+    assert r.stderr == said
 
 
 def test_missing_script_is_named(tmp_path: Path) -> None:
