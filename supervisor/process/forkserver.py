@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -168,6 +169,13 @@ class ForkServer:
         return RankProcess(slot=slot, proc=proc, boot=boot, files=files, spawned_at=now, state=state,
                            containment=containment)  # fmt: skip
 
+    def kill(self) -> None:
+        """End it now (the event loop reaps it)."""
+        with contextlib.suppress(OSError):
+            self._channel.close()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
     async def close(self, timeout: float) -> None:
         """EOF ends the server; it is killed if it has not gone within ``timeout``."""
         with contextlib.suppress(OSError):
@@ -176,6 +184,5 @@ class ForkServer:
             async with asyncio.timeout(timeout):
                 await self.proc.wait()
         except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, 9)
+            self.kill()
             await self.proc.wait()

@@ -131,3 +131,21 @@ def test_a_preload_that_sets_up_cuda_is_not_forked(start: Start) -> None:
     (server,) = d.events("fork_server")
     assert server["mode"] == "off" and "initialised cuda" in server["why"], server
     assert len(_facts(d, 0)) == 2 and not any(e["forked"] for e in d.events("rank_spawned"))
+
+
+def test_a_stop_while_the_server_preloads_is_not_held_up_by_it(start: Start) -> None:
+    # a preload that would take 60 CPU-s: the stop must not wait for it
+    env = {**os.environ, "FT_TEST_PRELOAD_CPU": "60"}
+    d = start("--nproc-per-node", "2", *PRELOAD, FORKED, env=env)
+
+    def server() -> int | None:
+        for child in Path(f"/proc/{d.pid}/task/{d.pid}/children").read_text().split():
+            if b"fork-server" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return int(child)
+        return None
+
+    preloading = wait_until(server, 30, "the fork server to start")
+    d.signal(signal.SIGTERM)
+    assert d.wait(timeout=15) == 128 + signal.SIGTERM, d.story()
+    wait_until(lambda: not alive(preloading), 10, "the fork server to be gone")
+    assert not d.events("fork_server") and not d.events("generation_started")

@@ -287,9 +287,11 @@ class Supervisor:
         except BaseException:
             prepared.cancel()
             raise
-        gen = await prepared
-        if not started:
-            await launcher.drop(gen)
+        # a stop that comes while the fork server still imports the preload is not held up by it
+        gen = await self._unless_stopped(prepared)
+        if gen is None or not started:
+            if gen is not None:
+                await launcher.drop(gen)
             return self._stopped_code()
         while True:
             try:

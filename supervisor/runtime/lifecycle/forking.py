@@ -113,7 +113,11 @@ class ForkServing:
             except OSError as exc:
                 self._off(f"cannot start the fork server: {exc.strerror or exc}", logging.WARNING)
                 return None
-            why = await server.ready()
+            try:
+                why = await server.ready()
+            except asyncio.CancelledError:  # a stop while it preloads
+                server.kill()
+                raise
             if why is not None:
                 await server.close(self._cfg.kill_timeout)
                 self._off(f"no fork server: {why} (see {self._log})", logging.WARNING)
