@@ -350,6 +350,13 @@ def render_status(s: dict[str, Any]) -> str:
         state = f"ready after {sb.get('seconds')} s" if sb.get("ready") else "preloading"
         lines.append(f"standby:  generation {sb.get('generation')}, {sb.get('ranks')} ranks, {state}"
                      + (f" ({sb['priority']} priority)" if sb.get("priority") else ""))
+    if s.get("fork_server"):
+        fs = s["fork_server"]
+        if fs.get("mode") == "on":
+            modules = ",".join(fs.get("modules") or [])
+            lines.append(f"fork server: pid {fs.get('pid')}, {modules} imported in {fs.get('seconds')} s")
+        else:
+            lines.append(f"fork server: off ({fs.get('why')})")
     if s.get("checkpoint_interval"):
         lines.append(checkpoint_interval.describe(s["checkpoint_interval"]))
     if s.get("dropped"):

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,11 @@ def _facts(d: Daemon, generation: int) -> dict[int, dict[str, Any]]:
             facts = json.loads(lines[0])
             said[facts["rank"]] = facts
     return said
+
+
+def _status(d: Daemon) -> str:
+    argv = [sys.executable, "-m", "supervisor", "status", "--pid", str(d.pid)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
 
 
 def test_ranks_are_forked_from_one_preload_and_exit_as_spawned_ones_do(start: Start) -> None:
@@ -89,6 +96,7 @@ def test_signals_reach_forked_ranks_and_a_lost_server_leaves_spawning(start: Sta
     assert killed["signal"] == "SIGKILL", killed
     d.wait_event("generation_started", where=lambda e: e["generation"] == 1)
     assert all(e["forked"] for e in d.events("rank_spawned"))
+    assert f"fork server: pid {server['pid']}, numpy.random,costly_preload imported in" in _status(d)
     os.kill(server["pid"], signal.SIGKILL)
     wait_until(lambda: not alive(server["pid"]), 10, "the fork server to die")
     os.kill(rank_pids(d, 1)[1], signal.SIGKILL)
@@ -98,6 +106,7 @@ def test_signals_reach_forked_ranks_and_a_lost_server_leaves_spawning(start: Sta
     after = [e for e in d.events("rank_spawned") if e["generation"] == 2]
     assert len(after) == 2 and not any(e["forked"] for e in after)  # spawned, and they run
     wait_until(lambda: len(_facts(d, 2)) == 2, 30, "generation 2's ranks to start")
+    assert "fork server: off (the fork server was lost)" in _status(d)
     d.signal(signal.SIGTERM)
     assert d.wait() == 128 + signal.SIGTERM, d.story()
 

@@ -534,6 +534,7 @@ class Supervisor:
         out["loop"] = {"worst_lag": round(lw.worst_lag, 4), "stalls": len(lw.stalls),
                        "stalled_seconds": round(lw.stalled_total, 3)}  # fmt: skip
         out["standby"] = self._launcher.standby
+        out["fork_server"] = self._launcher.fork_server
         out["checkpoint_interval"] = self.advice.describe()
         out["reverse_dns_slow"] = self._slow_lookups
         return out

@@ -18,6 +18,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from supervisor.config.run import RunConfig
 from supervisor.core.topology import ENV_TOKEN, RankSlot, Topology
@@ -63,6 +64,7 @@ class ForkServing:
         self._why_not = why_not(cfg, adopts)
         self._told = False
         self._server: ForkServer | None = None
+        self._ready_after: float | None = None
         self._starting = asyncio.Lock()
 
     def _off(self, why: str, level: int = logging.DEBUG) -> None:
@@ -124,10 +126,19 @@ class ForkServing:
                 return None
             self._server = server
             self._told = True
+            self._ready_after = round(self._clock.monotonic() - since, 3)
             self._events.emit("fork_server", mode="on", pid=server.pid,
-                              modules=list(self._cfg.program.preload),
-                              seconds=round(self._clock.monotonic() - since, 3))  # fmt: skip
+                              modules=list(self._cfg.program.preload), seconds=self._ready_after)  # fmt: skip
             return server
+
+    def describe(self) -> dict[str, Any] | None:
+        """None until the first generation decided it."""
+        if self._server is not None and self._why_not is None:
+            return {"mode": "on", "pid": self._server.pid, "modules": list(self._cfg.program.preload),
+                    "seconds": self._ready_after}  # fmt: skip
+        if self._told and self._why_not is not None:
+            return {"mode": "off", "why": self._why_not}
+        return None
 
     async def close(self, timeout: float) -> None:
         async with self._starting:

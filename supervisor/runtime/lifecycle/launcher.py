@@ -192,6 +192,11 @@ class Launcher:
             forked=not isinstance(rank.proc, asyncio.subprocess.Process),
         )
 
+    @property
+    def fork_server(self) -> dict[str, Any] | None:
+        """The fork server as ``status`` shows it: on (pid, modules, seconds) or off and why."""
+        return self._forks.describe()
+
     async def close(self) -> None:
         """End the fork server (the ranks it forked are the daemon's to end)."""
         await self._forks.close(self.cfg.kill_timeout)
