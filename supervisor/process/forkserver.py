@@ -31,7 +31,7 @@ from supervisor.core.program import Program
 from supervisor.core.states import RankState
 from supervisor.core.topology import RankSlot
 from supervisor.process.cgroups import UNCONTAINED, Containment
-from supervisor.process.spawn import RankFiles, RankProcess, rank_argv
+from supervisor.process.spawn import RankFiles, RankProcess, boot_channel, exec_bootstrap, rank_argv
 
 READY_TIMEOUT = 120.0  # the server's preload: a cold import of torch on a busy node
 PID_TIMEOUT = 10.0  # from a fork request to the rank's pid (the bootstrap waits 10 s for adoption)
@@ -85,25 +85,10 @@ class ForkServer:
     async def start(cls, program: Program, env: Mapping[str, str], log: Path) -> ForkServer:
         """Start the server in its own session, outside any generation's cgroup (a
         generation's end must not end it); ``env`` is what every rank shares."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        argv = rank_argv(program, theirs.fileno(), os.getpid(), fork_server=True)
-        try:
-            log.parent.mkdir(parents=True, exist_ok=True)
-            with log.open("ab") as out:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=out,
-                    env=dict(env),
-                    pass_fds=(theirs.fileno(),),
-                    start_new_session=True,
-                )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with boot_channel(socket.SOCK_SEQPACKET) as (ours, theirs), log.open("ab") as out:
+            argv = rank_argv(program, theirs.fileno(), os.getpid(), fork_server=True)
+            proc = await exec_bootstrap(argv, theirs, out, out, env)
         ours.setblocking(False)
         return cls(proc, ours)
 
@@ -141,19 +126,12 @@ class ForkServer:
         """A rank forked from the server; raises OSError when the server cannot
         give one (dead, or no answer within ``PID_TIMEOUT``)."""
         files.dir.mkdir(parents=True, exist_ok=True)
-        ours, theirs = socket.socketpair()
-        try:
-            request = orjson.dumps(
-                {"env": dict(env), "cgroup": "" if containment.cgroup is None else str(containment.cgroup)}
-            )
-            with files.stdout.open("ab") as out, files.stderr.open("ab") as err:
-                async with self._lock:
-                    socket.send_fds(self._channel, [request], [theirs.fileno(), out.fileno(), err.fileno()])
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
+        request = orjson.dumps(
+            {"env": dict(env), "cgroup": "" if containment.cgroup is None else str(containment.cgroup)}
+        )
+        with boot_channel() as (ours, theirs), files.stdout.open("ab") as out, files.stderr.open("ab") as err:
+            async with self._lock:
+                socket.send_fds(self._channel, [request], [theirs.fileno(), out.fileno(), err.fileno()])
         ours.setblocking(False)
         boot = await asyncio.open_unix_connection(sock=ours)
         reader, writer = boot

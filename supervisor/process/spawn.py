@@ -13,10 +13,10 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol
 
 import orjson
 
@@ -161,6 +161,35 @@ class RankProcess:
             self._writer.close()
 
 
+@contextlib.contextmanager
+def boot_channel(kind: int = socket.SOCK_STREAM) -> Iterator[tuple[socket.socket, socket.socket]]:
+    """A socket pair to a process about to be started: (ours, theirs). Theirs is closed
+    once it has been handed over (the child holds its own copy); ours too if that failed."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, kind)
+    try:
+        yield ours, theirs
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+
+
+async def exec_bootstrap(
+    argv: list[str], channel: socket.socket, out: IO[bytes], err: IO[bytes], env: Mapping[str, str]
+) -> asyncio.subprocess.Process:
+    """The bootstrap in a session of its own, given ``channel`` and nothing on stdin."""
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=out,
+        stderr=err,
+        env=dict(env),
+        pass_fds=(channel.fileno(),),
+        start_new_session=True,
+    )
+
+
 async def spawn_rank(
     program: Program,
     slot: RankSlot,
@@ -172,23 +201,9 @@ async def spawn_rank(
     containment: Containment = UNCONTAINED,
 ) -> RankProcess:
     files.dir.mkdir(parents=True, exist_ok=True)
-    ours, theirs = socket.socketpair()
-    try:
-        with files.stdout.open("ab") as out, files.stderr.open("ab") as err:
-            proc = await asyncio.create_subprocess_exec(
-                *rank_argv(program, theirs.fileno(), os.getpid(), containment.cgroup, idle=standby),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                env=dict(env),
-                pass_fds=(theirs.fileno(),),
-                start_new_session=True,
-            )
-    except BaseException:
-        ours.close()
-        raise
-    finally:
-        theirs.close()
+    with boot_channel() as (ours, theirs), files.stdout.open("ab") as out, files.stderr.open("ab") as err:
+        argv = rank_argv(program, theirs.fileno(), os.getpid(), containment.cgroup, idle=standby)
+        proc = await exec_bootstrap(argv, theirs, out, err, env)
     boot = await asyncio.open_unix_connection(sock=ours)
     state = RankState.STANDBY if standby else RankState.RUNNING
     return RankProcess(slot=slot, proc=proc, boot=boot, files=files, spawned_at=now, state=state,

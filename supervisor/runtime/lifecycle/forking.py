@@ -87,7 +87,7 @@ class ForkServing:
     ) -> RankProcess | None:
         """A rank forked from the server; None: spawn it."""
         if self._why_not is None and containment.cgroup is None:
-            self._off(f"no cgroup per generation ({containment.why or 'fallback'})")
+            self._why_not = f"no cgroup per generation ({containment.why or 'fallback'})"
         if self._why_not is not None:
             self._off(self._why_not)
             return None
