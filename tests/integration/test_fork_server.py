@@ -124,13 +124,22 @@ def test_forked_ranks_and_their_server_die_with_a_killed_daemon(start: Start) ->
     wait_until(lambda: not any(alive(p) for p in (*ranks, server["pid"])), 10, "ranks and server to die")
 
 
-@pytest.mark.parametrize("why", ["--preload none", "--no-python"])
-def test_without_a_preload_there_is_no_server(start: Start, why: str, tmp_path: Path) -> None:
-    args = ("--preload", "none", FORKED) if why == "--preload none" else ("--no-python", "true")
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (("--preload", "none", FORKED), "--preload none"),
+        (("--no-python", "true"), "--no-python"),
+        # a fork's descendants carry the server's environment, which the token sweep reads
+        (("--no-cgroups", "--preload", "numpy", FORKED), "no cgroup per generation"),
+    ],
+)
+def test_where_a_fork_would_break_a_promise_there_is_no_server(
+    start: Start, args: tuple[str, ...], why: str
+) -> None:
     d = start("--nproc-per-node", "1", *args)
     assert d.wait() == 0, d.story()
     (server,) = d.events("fork_server")
-    assert server["mode"] == "off"
+    assert server["mode"] == "off" and why in server["why"], server
     assert not any(e["forked"] for e in d.events("rank_spawned"))
 
 
