@@ -24,8 +24,8 @@ from supervisor.checkpoints.remote import FsspecStore
 from supervisor.checkpoints.store import Maker, Store
 from supervisor.checkpoints.sync import CheckpointSync
 from supervisor.checkpoints.threads import DaemonThreads
+from supervisor.clock import Clock
 from supervisor.config.checkpoints import CheckpointConfig
-from supervisor.runtime.clock import Clock
 from supervisor.runtime.records.events import EventLog
 from tests.support import wait_until
 

@@ -2,7 +2,7 @@ import json
 import logging
 from pathlib import Path
 
-from supervisor.runtime.clock import Clock
+from supervisor.clock import Clock
 from supervisor.runtime.records.events import EventLog
 
 

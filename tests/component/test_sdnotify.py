@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.runtime.clock import Clock
+from supervisor.clock import Clock
 from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.services.sdnotify import Notifier, SdNotify
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from supervisor.clock import Clock
 from supervisor.core.blame import Blame
 from supervisor.core.flight import behind, enqueued, summarize
 from supervisor.core.stacks import Reading
@@ -37,7 +38,6 @@ from supervisor.process.native import (
 )
 from supervisor.process.spawn import RankProcess
 from supervisor.process.stacks import process_state
-from supervisor.runtime.clock import Clock
 from supervisor.runtime.lifecycle.aftermath import Seen
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor

@@ -27,6 +27,7 @@ import zmq.asyncio
 from supervisor import log
 from supervisor.aio import first
 from supervisor.checkpoints.sync import CheckpointSync
+from supervisor.clock import Clock
 from supervisor.config.run import RunConfig
 from supervisor.coord.job import JobGeneration, JobOver, LocalJob, RendezvousJob
 from supervisor.core.jobwide import NodeOutcome, PeerNews
@@ -45,7 +46,6 @@ from supervisor.process.spawn import RankProcess
 from supervisor.process.stacks import activity
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller
-from supervisor.runtime.clock import Clock
 from supervisor.runtime.lifecycle import closing, hangs, jobwide, lingering, signals, status
 from supervisor.runtime.lifecycle.ending import Ender
 from supervisor.runtime.lifecycle.generation import Generation

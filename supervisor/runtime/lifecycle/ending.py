@@ -9,13 +9,13 @@ import logging
 import signal
 from collections.abc import Callable
 
+from supervisor.clock import Clock
 from supervisor.config.run import RunConfig
 from supervisor.core.learning import Learned, learn, observe
 from supervisor.core.topology import token_entry
 from supervisor.process.orphans import release_generation, sweep_generation
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller, TerminationReport, terminate
-from supervisor.runtime.clock import Clock
 from supervisor.runtime.lifecycle import gasp, signals
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor

@@ -20,12 +20,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from supervisor.clock import Clock
 from supervisor.config.run import RunConfig
 from supervisor.core.topology import ENV_TOKEN, RankSlot, Topology
 from supervisor.process.cgroups import Containment
 from supervisor.process.forkserver import ForkServer
 from supervisor.process.spawn import RankFiles, RankProcess
-from supervisor.runtime.clock import Clock
 from supervisor.runtime.records.events import EventLog
 
 EnvFor = Callable[[RankSlot], Mapping[str, str]]

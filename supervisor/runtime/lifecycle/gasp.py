@@ -16,8 +16,8 @@ import asyncio
 import logging
 import secrets
 
+from supervisor.clock import Clock
 from supervisor.process.spawn import RankProcess
-from supervisor.runtime.clock import Clock
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
 from supervisor.runtime.records.events import EventLog

@@ -7,13 +7,13 @@ import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from supervisor.clock import Clock
 from supervisor.core.lingering import WINDOW, idle, overdue
 from supervisor.core.states import GroupResult, RankState, group_result
 from supervisor.core.topology import Topology
 from supervisor.core.types import Decision, ExitStatus, RankExit, signal_name
 from supervisor.core.watch import Hang
 from supervisor.process.spawn import RankProcess
-from supervisor.runtime.clock import Clock
 from supervisor.runtime.records.events import EventLog
 
 

@@ -13,9 +13,9 @@ import asyncio
 import logging
 from typing import Any
 
+from supervisor.clock import Clock
 from supervisor.core.blame import Blame, blame
 from supervisor.core.watch import Hang
-from supervisor.runtime.clock import Clock
 from supervisor.runtime.lifecycle import aftermath, bundle
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor

@@ -13,6 +13,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from supervisor.clock import Clock
 from supervisor.config.run import RunConfig
 from supervisor.core.classify import Classification
 from supervisor.core.evidence import Evidence, WorkloadRequest
@@ -20,7 +21,6 @@ from supervisor.core.policy import Budget, History, Past, decide
 from supervisor.core.types import Action, Decision
 from supervisor.hooks import PluginSettings
 from supervisor.hooks.registry import Problem, Registry
-from supervisor.runtime.clock import Clock
 from supervisor.runtime.lifecycle import aftermath
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor

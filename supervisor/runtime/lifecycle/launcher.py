@@ -15,6 +15,7 @@ import orjson
 
 from supervisor import log
 from supervisor.aio import first
+from supervisor.clock import Clock
 from supervisor.config.run import RunConfig
 from supervisor.core.states import RankState
 from supervisor.core.topology import (
@@ -35,7 +36,6 @@ from supervisor.process.orphans import off_loop, sweep_generation
 from supervisor.process.spawn import spawn_rank
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller, terminate
-from supervisor.runtime.clock import Clock
 from supervisor.runtime.lifecycle.ending import release
 from supervisor.runtime.lifecycle.forking import ForkServing
 from supervisor.runtime.lifecycle.generation import Generation

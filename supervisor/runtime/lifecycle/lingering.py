@@ -13,9 +13,9 @@ import asyncio
 import logging
 from typing import Any
 
+from supervisor.clock import Clock
 from supervisor.core.lingering import finished_work, verdict, where_stuck
 from supervisor.core.types import Decision
-from supervisor.runtime.clock import Clock
 from supervisor.runtime.lifecycle import aftermath, bundle
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
+from supervisor.clock import Clock
 from supervisor.core.learning import CHECKPOINTING, Calculation, Learned, calculate, observe
 from supervisor.core.topology import rank_key
 from supervisor.core.types import ReportedException
 from supervisor.core.watch import STEP, Hang, RankWatch, Timeouts
-from supervisor.runtime.clock import Clock
 from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.services.loopwatch import LoopWatch
 from supervisor.transport import schema

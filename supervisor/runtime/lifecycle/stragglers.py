@@ -18,8 +18,8 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from supervisor.clock import Clock
 from supervisor.core.stragglers import Change, StragglerSettings, Tracker
-from supervisor.runtime.clock import Clock
 from supervisor.runtime.records.events import EventLog
 
 SHARE_EVERY = 5.0  # seconds, at most, between two exchanges of medians with the other nodes

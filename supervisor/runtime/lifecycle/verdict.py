@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from supervisor.clock import Clock
 from supervisor.config.run import RunConfig
 from supervisor.core.evidence import WorkloadRequest
 from supervisor.core.jobwide import PeerNews
@@ -18,7 +19,6 @@ from supervisor.core.states import GroupResult
 from supervisor.core.types import Decision
 from supervisor.process.spawn import RankProcess
 from supervisor.process.terminate import TerminationReport
-from supervisor.runtime.clock import Clock
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.judge import Judge
 from supervisor.runtime.lifecycle.monitor import Monitor

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from supervisor.runtime.clock import Clock
+from supervisor.clock import Clock
 
 PENDING_BYTES = 4 << 20  # kept in memory for the file while it cannot be written
 

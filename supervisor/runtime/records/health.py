@@ -14,10 +14,10 @@ import os
 
 import orjson
 
+from supervisor.clock import Clock
 from supervisor.config.health import HealthConfig
 from supervisor.core.health import Ledger, mark_of, quarantined, screen
 from supervisor.core.types import Decision, EventSink
-from supervisor.runtime.clock import Clock
 from supervisor.runtime.records.reason import write_atomically
 
 READ_MAX = 1 << 20

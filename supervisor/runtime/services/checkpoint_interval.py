@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from supervisor.clock import Clock
 from supervisor.core.checkpoint_interval import Advice, Advisor
-from supervisor.runtime.clock import Clock
 from supervisor.runtime.records.events import EventLog
 
 EVENT = "checkpoint_interval_advised"

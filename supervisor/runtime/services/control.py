@@ -23,7 +23,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from supervisor.runtime.clock import Clock
+from supervisor.clock import Clock
 from supervisor.runtime.records.events import EventLog
 from supervisor.transport import schema
 from supervisor.transport.schema import Dropped

@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections import deque
 
-from supervisor.runtime.clock import Clock
+from supervisor.clock import Clock
 from supervisor.runtime.records.events import EventLog
 
 INTERVAL = 0.1  # seconds between ticks
