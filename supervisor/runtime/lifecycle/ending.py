@@ -11,12 +11,15 @@ from collections.abc import Callable
 
 from supervisor.clock import Clock
 from supervisor.config.run import RunConfig
+from supervisor.core.jobwide import PeerNews
 from supervisor.core.learning import Learned, learn, observe
 from supervisor.core.topology import token_entry
 from supervisor.process.orphans import release_generation, sweep_generation
+from supervisor.process.spawn import RankProcess
 from supervisor.process.tail import LogFollower
-from supervisor.process.terminate import Signaller, TerminationReport, terminate
+from supervisor.process.terminate import Signaller, terminate
 from supervisor.runtime.lifecycle import gasp, signals
+from supervisor.runtime.lifecycle.ended import GenerationEnded, freeze
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
 from supervisor.runtime.records.events import EventLog
@@ -56,8 +59,12 @@ class Ender:
         self._token = token
         self._persist = persist
 
-    async def end(self, gen: Generation, *, stop_signal: int | None, why: str) -> TerminationReport:
-        """Ask the ranks that can save to do so, then stop every rank of ``gen``."""
+    async def end(
+        self, gen: Generation, *, stop_signal: int | None, why: str, news: tuple[PeerNews, str] | None,
+        reported: Callable[[RankProcess], str | None],
+    ) -> GenerationEnded:  # fmt: skip
+        """Ask the ranks that can save to do so, stop every rank of ``gen``, and
+        return how it ended (``reported``: how a live rank said it failed, if it did)."""
         cfg = self._cfg
         await gasp.ask_to_save(gen, self._monitor, deadline=cfg.save_timeout, why=why, events=self._events,
                                clock=self._clock, force=self._force)  # fmt: skip
@@ -103,7 +110,7 @@ class Ender:
             seconds=round(report.seconds, 3),
             iteration=max(self._monitor.iterations(), default=None),
         )
-        return report
+        return freeze(gen, self._monitor, report, news=news, reported=reported)
 
     def _learn(self, gen: Generation) -> None:
         monitor, cfg = self._monitor, self._cfg

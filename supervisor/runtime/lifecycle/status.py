@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
+from supervisor.config.run import RunConfig
 from supervisor.coord.job import JobGeneration
 from supervisor.runtime.lifecycle.generation import Generation
+from supervisor.runtime.lifecycle.launcher import Launcher
 from supervisor.runtime.lifecycle.monitor import Monitor
+from supervisor.runtime.records.events import EventLog
+from supervisor.runtime.records.rundir import RunDir
+from supervisor.runtime.services.loopwatch import LoopWatch
+from supervisor.runtime.services.publisher import Publisher
+from supervisor.transport.endpoints import Endpoints
 
 
 def _age(now: float, then: float | None) -> float | None:
@@ -96,3 +104,47 @@ def build(
         "dropped": dropped(monitor, control_drops),
         "job": job,
     }
+
+
+def daemon(
+    out: dict[str, Any], *, publisher: Publisher, loop_watch: LoopWatch, launcher: Launcher,
+    advice: dict[str, object], slow_lookups: list[dict[str, Any]],
+) -> dict[str, Any]:  # fmt: skip
+    """The ranks' status (``build``), and the daemon's own."""
+    refused = {f"events_{k}": v for k, v in publisher.refused.items()}
+    out["dropped"] = {**out.get("dropped", {}), **refused}
+    lw = loop_watch
+    # the daemon's own health: how late its loop ran, and for how long it was stalled
+    out["loop"] = {"worst_lag": round(lw.worst_lag, 4), "stalls": len(lw.stalls),
+                   "stalled_seconds": round(lw.stalled_total, 3)}  # fmt: skip
+    out["standby"] = launcher.standby
+    out["fork_server"] = launcher.fork_server
+    out["checkpoint_interval"] = advice
+    out["reverse_dns_slow"] = slow_lookups  # reverse DNS that would stall torch's stores
+    return out
+
+
+def run_started(cfg: RunConfig, rundir: RunDir, endpoints: Endpoints, monitor: Monitor) -> dict[str, Any]:
+    """The ``run_started`` event's fields: the run's settings."""
+    return {
+        "run_dir": str(rundir.root),
+        "pid": os.getpid(),
+        "control": endpoints.control,
+        "nproc_per_node": cfg.topology.nproc_per_node,
+        "max_restarts": cfg.max_restarts,
+        "program": cfg.program.target,
+        "standby": cfg.standby,
+        "preload": ",".join(cfg.program.preload) or None,
+        "timeouts": timeouts(monitor),
+        # what `ft-supervisor classify` needs to decide again as this run decides
+        "policy": cfg.policy.policy.to_json(),
+        "restart_window": cfg.policy.restart_window,
+    }
+
+
+def announce_settings(cfg: RunConfig, events: EventLog) -> None:
+    """Settings accepted so that command lines run unchanged, and ignored: once, each with why."""
+    ignored = (*cfg.ft.ignored, *cfg.torchrun_ignored)
+    if ignored:
+        settings = [{"option": option, "why": why} for option, why in ignored]
+        events.emit("settings_ignored", logging.WARNING, settings=settings)
