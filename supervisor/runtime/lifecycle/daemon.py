@@ -14,9 +14,8 @@ import asyncio
 import logging
 import os
 import secrets
-import signal
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -27,24 +26,19 @@ from supervisor.clock import SYSTEM, Clock
 from supervisor.config.run import RunConfig
 from supervisor.coord.job import LocalJob, RendezvousJob
 from supervisor.core.notable import nccl_tears_down
-from supervisor.core.stragglers import Change
-from supervisor.core.stragglers import decision as straggler_decision
 from supervisor.core.topology import RunIdentity, token_entry
-from supervisor.core.types import signal_name
-from supervisor.core.watch import Hang
-from supervisor.process.evidence import error_file_time
 from supervisor.process.orphans import OrphanGuard
-from supervisor.process.spawn import RankProcess
-from supervisor.process.stacks import activity
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller
-from supervisor.runtime.lifecycle import closing, deciding, hangs, signals, status
+from supervisor.runtime.lifecycle import closing, deciding, signals, status
+from supervisor.runtime.lifecycle.commands import Commands
 from supervisor.runtime.lifecycle.ending import Ender
 from supervisor.runtime.lifecycle.hosting import Hosting
 from supervisor.runtime.lifecycle.launcher import Launcher
 from supervisor.runtime.lifecycle.learned import LearnedFile
 from supervisor.runtime.lifecycle.loop import Loop
 from supervisor.runtime.lifecycle.monitor import Monitor
+from supervisor.runtime.lifecycle.running import Running
 from supervisor.runtime.lifecycle.stragglers import Stragglers
 from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.records.health import NodeHealth
@@ -61,143 +55,90 @@ from supervisor.transport.endpoints import Endpoints, bind
 EXIT_SUCCESS = 0
 EXIT_FAILED = 1  # the daemon's own failure (an internal error)
 EXIT_USAGE = 2
-T = TypeVar("T")
 TAIL_INTERVAL = 0.05
-KERNEL_SLACK = 1.0  # seconds before a generation's start whose kernel lines are its evidence too
-
-
-class Stopped(Exception):
-    """A stop signal came: the loop leaves, and whatever it prepared is stopped."""
 
 
 class Supervisor:
     def __init__(
         self, cfg: RunConfig, rundir: RunDir, logger: logging.Logger, console: log.Console, *,
-        clock: Clock = SYSTEM, signaller: Signaller | None = None,
+        clock: Clock = SYSTEM, job: LocalJob | RendezvousJob | None = None,
+        signaller: Signaller | None = None,
     ) -> None:  # fmt: skip
+        """``clock``, ``job`` and ``signaller`` are the seams a test may fill: the time the
+        daemon reads and sleeps on, the other nodes of the job, the signals it sends."""
         self.cfg, self.rundir, self.logger, self.clock = cfg, rundir, logger, clock
         self.token = secrets.token_hex(16)
         self._key_secret = secrets.token_bytes(32)  # never leaves the daemon
         self._signaller = signaller or Signaller()
-        self._commands: asyncio.Queue[signals.Command] = asyncio.Queue()
         self._follower = LogFollower(console, tears_down=nccl_tears_down(os.environ))
         self._stopping, self._force = asyncio.Event(), asyncio.Event()
         self._started_at = clock.monotonic()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._tg: asyncio.TaskGroup | None = None
         self._slow_lookups: list[dict[str, Any]] = []  # reverse DNS that would stall torch's stores
 
         # the collaborators: built here, inside the running loop (see start.py), in the
         # order they depend on each other
-        self.events = EventLog(rundir.events, logger, clock, run_id=cfg.run_id)
+        events = self.events = EventLog(rundir.events, logger, clock, run_id=cfg.run_id)
         self.endpoints = Endpoints.create(os.getpid())
         self._context = zmq.asyncio.Context()
         self._sockets = sockets = bind(self._context, self.endpoints)
         self.publisher = Publisher(sockets.events)
-        self.events.publish = self.publisher.publish
-        self.loop_watch = LoopWatch(clock, self.events)
-        self.plugins, self.node = deciding.plugins(cfg, self.events), deciding.NODE
-        self.learned = LearnedFile(cfg.state_dir, cfg.run_id, self.events)
-        # self.monitor and self.job are made below: reached when samples come
+        events.publish = self.publisher.publish
+        self.loop_watch = LoopWatch(clock, events)
+        self.plugins, self.node = deciding.plugins(cfg, events), deciding.NODE
+        self.learned = LearnedFile(cfg.state_dir, cfg.run_id, events)
+        self.job = job or (LocalJob(cfg.master_addr, cfg.master_port) if cfg.rdzv is None
+                           else RendezvousJob(cfg.rdzv, cfg.master_port, events))  # fmt: skip
+        self.running = Running(cfg, clock=clock, events=events, follower=self._follower, job=self.job)
         self.stragglers = Stragglers(
-            cfg.stragglers,
-            self.events,
-            clock,
-            generation=lambda: self.monitor.generation,
-            act=self._on_straggler,
-            share=lambda shared: self.job.share(stragglers=shared),
-            nodes=lambda: self.job.sample(),  # noqa: PLW0108 (self.job is made below)
-        )
-        self.monitor = Monitor(
-            sockets.ranks,
-            ranks=[s.rank for s in cfg.topology.slots()],
-            configured=cfg.ft.timeouts(),
-            learned=self.learned.load(),
-            clock=clock,
-            events=self.events,
-            on_hang=self._on_hang,
-            secret=self._key_secret,
-            loop_watch=self.loop_watch,
+            cfg.stragglers, events, clock, generation=lambda: self.monitor.generation,
+            act=lambda change: self.running.on_straggler(change, self.stragglers.node),
+            share=lambda shared: self.job.share(stragglers=shared), nodes=self.job.sample,
+        )  # fmt: skip
+        self.monitor = self.running.monitor = Monitor(
+            sockets.ranks, ranks=[s.rank for s in cfg.topology.slots()], configured=cfg.ft.timeouts(),
+            learned=self.learned.load(), clock=clock, events=events, on_hang=self.running.on_hang,
+            secret=self._key_secret, loop_watch=self.loop_watch, safety_factor=cfg.ft.safety_factor,
             persist=lambda learned: self.learned.save(learned, self.monitor.generation),
-            safety_factor=cfg.ft.safety_factor,
             on_work=self.stragglers.work,
-        )
-        self.advice = IntervalAdvice(self.events, clock, cfg.mtbf)
+        )  # fmt: skip
+        self.advice = IntervalAdvice(events, clock, cfg.mtbf)
         self.monitor.on_save, self.monitor.advice = self.advice.saved, self.advice.describe
-        self.health = NodeHealth(cfg.health, self.events, clock, cfg.run_id)
-        self.kernel = KernelLog(self.events)
-        self.hosting = Hosting(cfg, self.events, self.monitor, logger, self._signaller)
-        self.metrics = start_metrics(
-            cfg.metrics, self.events, run_id=cfg.run_id, node=self.node, wall=clock.wall
-        )
-        self.job: LocalJob | RendezvousJob = (
-            LocalJob(cfg.master_addr, cfg.master_port)
-            if cfg.rdzv is None
-            else RendezvousJob(cfg.rdzv, cfg.master_port, self.events)
-        )
-        self._control_server = ControlServer(sockets.control, self._control, self.events, clock)
-        self.checkpoints = CheckpointSync(cfg.checkpoint, self.events)  # a no-op without the options
+        self.health = NodeHealth(cfg.health, events, clock, cfg.run_id)
+        self.kernel = KernelLog(events)
+        self.hosting = Hosting(cfg, events, self.monitor, logger, self._signaller)
+        self.metrics = start_metrics(cfg.metrics, events, run_id=cfg.run_id, node=self.node, wall=clock.wall)
+        self.checkpoints = CheckpointSync(cfg.checkpoint, events)  # a no-op without the options
         self.ident = RunIdentity(
-            run_id=cfg.run_id,
-            max_restarts=cfg.max_restarts,
-            signals_to_handle=cfg.signals_to_handle,
-            run_dir=str(rundir.root),
-            run_token=self.token,
-            virtual_local_rank=cfg.virtual_local_rank,
-            numa_binding=cfg.numa_binding,
-            key_secret=self._key_secret,
-        )
+            run_id=cfg.run_id, max_restarts=cfg.max_restarts, signals_to_handle=cfg.signals_to_handle,
+            run_dir=str(rundir.root), run_token=self.token, virtual_local_rank=cfg.virtual_local_rank,
+            numa_binding=cfg.numa_binding, key_secret=self._key_secret,
+        )  # fmt: skip
         self._launcher = Launcher(
-            cfg=cfg,
-            rundir=rundir,
-            ident=self.ident,
-            events=self.events,
-            clock=clock,
-            follower=self._follower,
-            monitor=self.monitor,
-            ranks_endpoint=self.endpoints.ranks,
-            start_task=self._start_task,
-            signaller=self._signaller,
-            force=self._force,
-            adopts=self.hosting.subreaper or self.hosting.pid1,
-        )
-        self._ender = Ender(
-            cfg,
-            monitor=self.monitor,
-            events=self.events,
-            clock=clock,
-            follower=self._follower,
-            signaller=self._signaller,
-            force=self._force,
-            token=self.token,
-            persist=self.learned.save,
-        )
-        self.loop = Loop(
-            cfg,
-            clock=clock,
-            events=self.events,
-            logger=logger,
-            rundir=rundir,
-            launcher=self._launcher,
-            job=self.job,
-            monitor=self.monitor,
-            ender=self._ender,
-            checkpoints=self.checkpoints,
-            health=self.health,
+            cfg=cfg, rundir=rundir, ident=self.ident, events=events, clock=clock, follower=self._follower,
+            monitor=self.monitor, ranks_endpoint=self.endpoints.ranks, start_task=self._start_task,
+            signaller=self._signaller, force=self._force, adopts=self.hosting.subreaper or self.hosting.pid1,
+        )  # fmt: skip
+        ender = Ender(cfg, monitor=self.monitor, events=events, clock=clock, follower=self._follower,
+                      signaller=self._signaller, force=self._force, token=self.token,
+                      persist=self.learned.save)  # fmt: skip
+        self.loop = self.running.loop = Loop(
+            cfg, clock=clock, events=events, logger=logger, rundir=rundir, launcher=self._launcher,
+            job=self.job, monitor=self.monitor, ender=ender, checkpoints=self.checkpoints, health=self.health,
             kernel=self.kernel,
-            plugins=self.plugins,
-            node=self.node,
-            stopping=self._stopping,
-            reported=self._reported,
+            plugins=self.plugins, node=self.node, stopping=self._stopping, reported=self.running.reported,
             group=lambda coro: self._group().create_task(coro),
-        )
-        self._tg: asyncio.TaskGroup | None = None
+        )  # fmt: skip
+        self.commands = Commands(self.loop, events=events, hosting=self.hosting, stopping=self._stopping,
+                                 force=self._force, status=self._status)  # fmt: skip
+        self._control_server = ControlServer(sockets.control, self.commands.control, events, clock)
 
     async def run(self) -> int:
         guard = await OrphanGuard.start(token_entry(self.token))
         hosting = self.cfg.hosting
-        handled = signals.install(
-            self._commands, self.cfg.stop_signals, hosting.reload_signals, hosting.forward_signals
-        )
+        handled = signals.install(self.commands.queue, self.cfg.stop_signals, hosting.reload_signals,
+                                  hosting.forward_signals)  # fmt: skip
         self.endpoints.publish_info(pid=os.getpid(), run_id=self.cfg.run_id, run_dir=str(self.rundir.root),
                                     started=self.clock.wall(), log_dir=str(self.cfg.log_dir))  # fmt: skip
         self.events.emit(
@@ -211,8 +152,8 @@ class Supervisor:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 background = [
-                    tg.create_task(self._dispatch()),
-                    tg.create_task(self._tail()),
+                    tg.create_task(self.commands.dispatch()),
+                    tg.create_task(self.running.tail()),
                     tg.create_task(self.monitor.run()),
                     tg.create_task(self.loop_watch.run()),
                     tg.create_task(self.publisher.run()),
@@ -265,59 +206,6 @@ class Supervisor:
                                           clock=self.clock.monotonic)  # fmt: skip
         self._slow_lookups = [r for r in lookups if r["slow"]]
 
-    def _on_hang(self, hang: Hang) -> None:
-        gen = self.loop.current
-        if gen is None or not gen.started or gen.ended.is_set():
-            return
-        failing = gen.failing() or any(self._reported(r) is not None for r in gen.ranks.values())
-        hangs.deadline_missed(gen, hang, failing=failing, clock=self.clock, events=self.events)
-
-    def _on_straggler(self, change: Change) -> None:
-        """A rank stayed slow: ``--straggler-action`` may end the generation on it."""
-        gen = self.loop.current
-        if gen is None or not gen.started or gen.ended.is_set():
-            return
-        settings, node = self.cfg.stragglers, self.stragglers.node
-        decision = straggler_decision(
-            change, settings, self.loop.memory.remaining(self.clock.monotonic()), node
-        )
-        if decision is not None:
-            gen.decide_now(decision)
-
-    # -- commands: signals and the control endpoint ------------------------------------
-
-    async def _dispatch(self) -> None:
-        while True:
-            command = await self._commands.get()
-            if isinstance(command, signals.Stop):
-                self._on_stop(command.signum)
-            elif isinstance(command, signals.Reload | signals.Forward):
-                self.hosting.handle(command, self.loop.current)
-            else:
-                self.events.emit("status", **self._status())
-
-    def _on_stop(self, signum: int) -> None:
-        if self.loop.stop_signal is None:
-            self.loop.stop_signal = signum
-            self.events.emit("stop_requested", signal=signal_name(signum))
-            self._stopping.set()
-        elif signum == signal.SIGINT and not self._force.is_set():
-            self.events.emit("stop_forced", signal=signal_name(signum))
-            self._force.set()
-
-    def _control(self, command: str) -> Any:
-        if command == "stop":
-            self._commands.put_nowait(signals.Stop(signal.SIGTERM))
-            return {"stopping": True}
-        if command == "restart":
-            gen = self.loop.current
-            if gen is None or gen.ended.is_set():
-                raise RuntimeError("no running generation to restart")
-            self.events.emit("restart_requested", generation=gen.number)
-            gen.request_restart()
-            return {"restarting": gen.number}
-        return self._status()
-
     def _status(self) -> dict[str, Any]:
         now, job = self.clock.monotonic(), self.job
         out = status.build(run_id=self.cfg.run_id, run_dir=str(self.rundir.root), gen=self.loop.current,
@@ -334,30 +222,6 @@ class Supervisor:
             advice=self.advice.describe(),
             slow_lookups=self._slow_lookups,
         )
-
-    # -- background tasks -----------------------------------------------------------
-
-    async def _tail(self) -> None:
-        while True:
-            self._follower.poll()
-            self._check_reported_failures()
-            await self.clock.sleep(TAIL_INTERVAL)
-
-    def _check_reported_failures(self) -> None:
-        gen = self.loop.current
-        if gen is not None:
-            gen.check_exits(self.cfg.exit_grace, self._reported)
-            done = self.loop.job_gen is not None and self.job.others_done(self.loop.job_gen.generation)
-            gen.check_lingering(self.cfg.exit_grace, activity, other_nodes_done=done)
-
-    def _reported(self, rank: RankProcess) -> str | None:
-        """How the live ``rank`` said it failed, if it did."""
-        if rank.slot.rank in self.monitor.exceptions:
-            return "exception report"
-        if error_file_time(rank.files.error_file) is not None:
-            return "error file"
-        said = self._follower.going_down(rank.slot.rank)
-        return None if said is None else f"its log: {said[:400]}"
 
     def _group(self) -> asyncio.TaskGroup:
         assert self._tg is not None, "run() first"
