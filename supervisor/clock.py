@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -25,6 +26,10 @@ class Clock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+    def call_later(self, seconds: float, fn: Callable[[], object]) -> asyncio.TimerHandle:
+        """Run ``fn`` on the running loop ``seconds`` from now."""
+        return asyncio.get_running_loop().call_later(seconds, fn)
 
     def pause(self, seconds: float) -> None:
         """Block this thread (for code that runs in a worker thread, never on the loop)."""

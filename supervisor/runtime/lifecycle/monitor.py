@@ -1,45 +1,32 @@
-"""The daemon's eyes inside the ranks: their messages, their deadlines, their hangs.
+"""The daemon's eyes inside the ranks: what they say, their deadlines, their hangs.
 
-One ``RankWatch`` per rank of the current generation and one timer per rank,
-armed at that rank's next deadline. A heartbeat only ever moves a deadline
-later, so the timer is left alone and re-armed when it fires early; a timer is
-re-armed at once only when a deadline moves earlier (a section opened). A hang
-is thus seen within a millisecond or so of its deadline, at no polling cost.
+One ``RankWatch`` per rank of the current generation, fed by the ranks' messages
+(``inbox``), and one timer per rank at its next deadline (``timers``): a rank
+whose deadline passes is hung, unless what it sent meanwhile moved the deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hmac
 import logging
 import traceback
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 
-import zmq
 import zmq.asyncio
 
 from supervisor.clock import Clock
 from supervisor.core.learning import CHECKPOINTING, Calculation, Learned, calculate, observe
-from supervisor.core.topology import rank_key
 from supervisor.core.types import ReportedException
 from supervisor.core.watch import STEP, Hang, RankWatch, Timeouts
+from supervisor.runtime.lifecycle.inbox import Inbox
+from supervisor.runtime.lifecycle.timers import Timers
 from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.services.loopwatch import LoopWatch
 from supervisor.transport import schema
 from supervisor.transport.schema import Dropped, DropReason
 
-DRAIN = 1000  # messages handled per wake-up before letting the loop run other work
-MAX_CATCH_UP = 100_000  # read at once before a deadline is judged (a full socket queue)
 STALLED = 0.5  # a timer this late means the loop itself was stalled (see loopwatch)
-
-
-@dataclass
-class _Timer:
-    handle: asyncio.TimerHandle
-    at: float
 
 
 class Monitor:
@@ -59,19 +46,16 @@ class Monitor:
         safety_factor: float = 5.0,
         on_work: Callable[[int, float, bool], None] = lambda rank, seconds, measured: None,
     ) -> None:
-        self._sock = sock
-        # the same socket, without asyncio: draining what is queued needs no wake-up
-        self._sync: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
+        self.inbox = Inbox(sock, secret=secret, clock=clock, events=events, deliver=self._receive)
         self._ranks = frozenset(ranks)
+        self.inbox.expect(None, self._ranks)
         self.configured = configured
         self.learned = learned
         self.timeouts = learned.over(configured)
         self._clock = clock
         self._events = events
         self._on_hang = on_hang
-        self._secret = secret  # every rank's key derives from it (core.topology.rank_key)
         self._loop = loop_watch  # when the daemon itself was stalled: not the ranks' time
-        self._keys: dict[int, str] = {}  # this generation's, by rank
         self._persist = persist
         self._safety_factor = safety_factor
         self._on_work = on_work  # a step's own work, for straggler detection (measured: by the client)
@@ -86,13 +70,10 @@ class Monitor:
         self.savers: dict[int, bytes] = {}  # rank -> its saver socket (a save callback waits there)
         self.saves: dict[str, schema.Saved] = {}  # answers to "save now", by request id
         self.save_news = asyncio.Event()
-        self.drops: Counter[DropReason] = Counter()
-        self.received = 0
-        self._timers: dict[int, _Timer] = {}
+        self._timers = Timers(clock, self._fire)
         self._hung: set[int] = set()
         self._stepping_ranks: set[int] = set()
         self.stepping = asyncio.Event()  # every rank of the generation completed a step
-        self._identity: bytes | None = None  # the sender of the message being handled
         self._told_unmonitored = False
         self._nvrx_served = False  # told once per run, by the first rank that uses it
         self._handler_errors: set[str] = set()  # message kinds whose handling raised (told once)
@@ -104,7 +85,7 @@ class Monitor:
     # -- generations ----------------------------------------------------------------
 
     def start_generation(self, number: int, pids: dict[int, int]) -> None:
-        self._cancel_timers()
+        self._timers.cancel_all()
         self.generation = number
         self._ranks = frozenset(pids)  # a node's ranks change when nodes join or leave
         self.watches = {}
@@ -119,7 +100,7 @@ class Monitor:
         self._stepping_ranks = set()
         self.stepping = asyncio.Event()
         self._base = self.learned
-        self._keys = {}
+        self.inbox.expect(number, self._ranks)
 
     @property
     def stalls(self) -> Sequence[tuple[float, float]]:
@@ -131,12 +112,13 @@ class Monitor:
         watch = self.watches.get(rank)
         if generation == self.generation and watch is not None:
             watch.closed = True
-            self._cancel(rank)
+            self._timers.cancel(rank)
 
     def end_generation(self) -> list[RankWatch]:
         """Stop watching; what was observed, for learning."""
-        self._cancel_timers()
+        self._timers.cancel_all()
         self.generation = None
+        self.inbox.expect(None, self._ranks)
         return list(self.watches.values())
 
     def progressed(self, rank: int) -> bool | None:
@@ -157,62 +139,26 @@ class Monitor:
         self.timeouts = learned.over(self.configured)
         now = self._clock.monotonic()
         for rank in self.watches:
-            self._cancel(rank)
+            self._timers.cancel(rank)
             self._arm(rank, now)
 
     # -- receiving ------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Read the ranks' messages until cancelled.
+        """Read the ranks' messages until cancelled."""
+        await self.inbox.run()
 
-        ZeroMQ's FD is edge-triggered: one wake-up says "something changed",
-        so each wake-up drains what is queued with plain non-blocking reads. An
-        asyncio future per message (zmq.asyncio's recv) cost 15x more CPU.
-        """
-        loop = asyncio.get_running_loop()
-        fd = int(self._sync.getsockopt(zmq.FD))
-        loop.add_reader(fd, self._drain)
+    @property
+    def received(self) -> int:
+        return self.inbox.received
+
+    @property
+    def drops(self) -> Counter[DropReason]:
+        return self.inbox.drops
+
+    def _receive(self, message: schema.RankMessage, now: float) -> None:
         try:
-            self._drain()  # anything queued before the reader was in place
-            await loop.create_future()  # forever: the work happens in _drain
-        finally:
-            loop.remove_reader(fd)
-
-    def _drain_now(self) -> None:
-        """Read what is queued, at once and all of it (bounded by the socket's queue)."""
-        for _ in range(MAX_CATCH_UP // DRAIN):
-            if not int(self._sync.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                return
-            self._read_batch()
-
-    def _drain(self) -> None:
-        if self._read_batch():
-            # more queued: no new edge will come for it, so come back on the next turn
-            asyncio.get_running_loop().call_soon(self._drain)
-
-    def _read_batch(self) -> bool:
-        """Up to DRAIN messages; True when more may be queued."""
-        sock = self._sync
-        for _ in range(DRAIN):
-            if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                return False
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return False
-            self._receive(frames)
-        return True
-
-    def _receive(self, frames: list[bytes]) -> None:
-        self.received += 1
-        try:
-            message = self._admit(frames)
-        except Dropped as dropped:
-            self._drop(dropped)
-            return
-        self._identity = frames[0]
-        try:
-            self.handle(message, self._clock.monotonic())
+            self.handle(message, now)
         except Exception as exc:  # a bug here must not deafen the daemon
             # raised out of the reader callback, it would leave the edge-triggered socket
             # undrained: no message would ever be read again, no hang ever noticed
@@ -225,32 +171,6 @@ class Monitor:
             self._events.emit("message_failed", logging.ERROR, message=kind, rank=message.rank,
                               error=f"{type(exc).__name__}: {exc}",
                               traceback="".join(traceback.format_exception(exc))[-4000:])  # fmt: skip
-
-    def _admit(self, frames: list[bytes]) -> schema.RankMessage:
-        if len(frames) != 2:
-            raise Dropped(DropReason.MALFORMED, f"{len(frames)} frames")
-        m, key = schema.decode_signed(frames[1])
-        if m.rank not in self._ranks:
-            raise Dropped(DropReason.UNKNOWN_RANK, f"rank {m.rank}")
-        if m.gen != self.generation:
-            raise Dropped(DropReason.STALE_GENERATION, f"generation {m.gen}, now {self.generation}")
-        # anything of the same user can reach the socket: only the rank's own key counts
-        if key is None or not hmac.compare_digest(key, self._key(m.gen, m.rank)):
-            raise Dropped(DropReason.UNAUTHENTICATED, f"rank {m.rank}: {'a wrong' if key else 'no'} key")
-        return m
-
-    def _key(self, generation: int, rank: int) -> str:
-        found = self._keys.get(rank)
-        if found is None:
-            found = self._keys[rank] = rank_key(self._secret, generation, rank)
-        return found
-
-    def _drop(self, dropped: Dropped) -> None:
-        self.drops[dropped.reason] += 1
-        if self.drops[dropped.reason] == 1:  # once per reason; the rest are counted
-            self._events.emit(
-                "message_dropped", logging.WARNING, reason=str(dropped.reason), detail=dropped.detail
-            )
 
     # -- what the ranks say -------------------------------------------------------------
 
@@ -278,15 +198,9 @@ class Monitor:
                 self._answer(m)
             case schema.WorkloadRequest():
                 self.requests.append(m)
-                self._ack(m.id)
-                self._events.emit(
-                    "workload_request",
-                    logging.WARNING,
-                    generation=self.generation,
-                    rank=m.rank,
-                    action=str(m.action),
-                    reason=m.reason,
-                )
+                self.inbox.ack(m.id)
+                self._events.emit("workload_request", logging.WARNING, generation=self.generation,
+                                  rank=m.rank, action=str(m.action), reason=m.reason)  # fmt: skip
             case schema.ExceptionReport():
                 self._exception(m, now)
             case schema.Bye():
@@ -304,7 +218,7 @@ class Monitor:
             if self.timeouts.monitors(m.name):
                 watch.open_section(m.name, now)
             else:
-                self._drop(Dropped(DropReason.UNMONITORED_SECTION, m.name[:64]))
+                self.inbox.drop(Dropped(DropReason.UNMONITORED_SECTION, m.name[:64]))
         elif m.name is not None:
             opened = watch.open_sections.get(m.name)
             # a step that overlapped another section (checkpointing...) says nothing of speed
@@ -365,9 +279,9 @@ class Monitor:
             self.saves[m.id] = m
             self.save_news.set()
         # only the rank's own process: a forked child's callback does not hold the rank's state
-        elif m.pid == self.pids.get(m.rank) and self._identity is not None:
-            self.savers[m.rank] = self._identity
-            self._ack(m.id)
+        elif m.pid == self.pids.get(m.rank) and self.inbox.identity is not None:
+            self.savers[m.rank] = self.inbox.identity
+            self.inbox.ack(m.id)
 
     def ask_to_save(self, rank: int, request_id: str, reason: str, deadline: float) -> bool:
         """Send "save now" to the rank's saver; False when it has none or the send failed."""
@@ -375,21 +289,7 @@ class Monitor:
         if identity is None:
             return False
         request = schema.encode("save", id=request_id, reason=reason, deadline=deadline)
-        try:
-            self._sync.send_multipart([identity, request], zmq.NOBLOCK)
-            # the send may have taken the edge meant for a message that just came in
-            if int(self._sync.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                asyncio.get_running_loop().call_soon(self._drain)
-        except zmq.ZMQError:
-            return False
-        return True
-
-    def _ack(self, request_id: str | None, **data: object) -> None:
-        """A request is worth a reply: the rank may be about to exit and wants it delivered."""
-        if self._identity is not None and request_id is not None:
-            reply = schema.encode("ack", id=request_id, **data)
-            with contextlib.suppress(zmq.ZMQError):
-                self._sync.send_multipart([self._identity, reply], zmq.NOBLOCK)
+        return self.inbox.send(identity, request)
 
     def _unmonitored(self, rank: int) -> None:
         """Heartbeats nobody holds the rank to: say so once, a hang would go unnoticed.
@@ -421,7 +321,7 @@ class Monitor:
     def _answer(self, m: schema.Calculate | schema.AdviceQuery) -> None:
         """A question the workload waits on: the answer comes back on its own socket."""
         if isinstance(m, schema.AdviceQuery):
-            self._ack(m.id, **self.advice())
+            self.inbox.ack(m.id, **self.advice())
         else:
             self._calculate(m)
 
@@ -437,7 +337,7 @@ class Monitor:
             self._persist(new)
             self._events.emit("timeouts_calculated", generation=self.generation, rank=m.rank,
                               learned=new.to_json(), in_force=self.in_force())  # fmt: skip
-        self._ack(m.id, ready=new is not None, timeouts=self.learned.describe(self.configured))
+        self.inbox.ack(m.id, ready=new is not None, timeouts=self.learned.describe(self.configured))
 
     def in_force(self) -> dict[str, object]:
         t = self.timeouts
@@ -453,14 +353,8 @@ class Monitor:
         # own process may be signalled for its stacks
         if m.pid == self.pids.get(m.rank) and m.stack_signal is not None:
             self.stack_signals[m.rank] = m.stack_signal
-        self._events.emit(
-            "rank_connected",
-            logging.DEBUG,
-            generation=self.generation,
-            rank=m.rank,
-            pid=m.pid,
-            stack_dumps=m.stack_signal is not None,
-        )
+        self._events.emit("rank_connected", logging.DEBUG, generation=self.generation, rank=m.rank, pid=m.pid,
+                          stack_dumps=m.stack_signal is not None)  # fmt: skip
 
     def _load_timeouts(self, rank: int, raw: dict[str, object]) -> None:
         # what the daemon learned itself is fresher; the loaded state fills the gaps
@@ -479,39 +373,22 @@ class Monitor:
         if rank in self._hung:
             return
         deadline = self.watches[rank].deadline(self.timeouts, self.stalls)
-        current = self._timers.get(rank)
-        if deadline is None:
-            self._cancel(rank)
-        elif current is None or deadline.at < current.at:
-            self._cancel(rank)
-            loop = asyncio.get_running_loop()
-            handle = loop.call_later(max(0.0, deadline.at - now), self._fire, rank)
-            self._timers[rank] = _Timer(handle, deadline.at)
+        self._timers.arm(rank, None if deadline is None else deadline.at, now)
 
-    def _fire(self, rank: int) -> None:
-        timer = self._timers.pop(rank, None)
+    def _fire(self, rank: int, armed_for: float | None) -> None:
         watch = self.watches.get(rank)
         if watch is None or self.generation is None:
             return
         now = self._clock.monotonic()
-        if timer is not None and now - timer.at > STALLED and self._loop is not None:
+        if armed_for is not None and now - armed_for > STALLED and self._loop is not None:
             # the timer itself came this late: the loop did not run meanwhile (a stopped
             # or starved daemon), whether or not its own tick has said so yet
-            self._loop.stalled(timer.at, now)
+            self._loop.stalled(armed_for, now)
         # what the ranks sent while the loop was away is the newest news: read it first
-        self._drain_now()
+        self.inbox.drain_now()
         hang = watch.expired(self.timeouts, now, self.stalls)
         if hang is None:
             self._arm(rank, now)  # early (a heartbeat moved it): wait for the new deadline
             return
         self._hung.add(rank)
         self._on_hang(hang)
-
-    def _cancel(self, rank: int) -> None:
-        timer = self._timers.pop(rank, None)
-        if timer is not None:
-            timer.handle.cancel()
-
-    def _cancel_timers(self) -> None:
-        for rank in list(self._timers):
-            self._cancel(rank)
