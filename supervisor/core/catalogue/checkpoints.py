@@ -91,4 +91,4 @@ class CheckpointPruned(Event, name="checkpoint_pruned"):
 
     entries: list[str]
     dest: str
-    keep: int
+    keep: int | None

@@ -25,7 +25,6 @@ of life, about the timeout for a hang and 0 for a crash; it is in
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 import sys
 import threading
@@ -33,6 +32,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from supervisor.config.metrics import MetricsConfig
+from supervisor.core.catalogue.services import MetricsFailed, MetricsServing, MetricsUnavailable
 from supervisor.core.goodput import Ledger
 from supervisor.core.recovery import Recovery
 from supervisor.runtime.records.events import EventLog
@@ -191,7 +191,7 @@ class Metrics:
             except Exception as exc:  # an observer's bug must not end the run
                 if repr(exc) not in self._failures:
                     self._failures.add(repr(exc))
-                    self._events.emit("metrics_failed", logging.WARNING, error=repr(exc))
+                    self._events.emit(MetricsFailed(error=repr(exc)))
             await asyncio.sleep(REFRESH)
 
     def _families(self, status: Mapping[str, Any]) -> Iterator[Metric]:
@@ -287,11 +287,10 @@ def start_metrics(
     try:
         addr, port = metrics.serve(cfg.addr, cfg.port)
     except OSError as exc:
-        events.emit("metrics_unavailable", logging.WARNING, addr=cfg.addr, port=cfg.port,
-                    error=exc.strerror or str(exc))  # fmt: skip
+        events.emit(MetricsUnavailable(addr=cfg.addr, port=cfg.port, error=exc.strerror or str(exc)))
         return None
     events.listeners.append(metrics.on_event)
-    events.emit("metrics_serving", addr=addr, port=port, url=f"http://{_host(addr)}:{port}/metrics")
+    events.emit(MetricsServing(addr=addr, port=port, url=f"http://{_host(addr)}:{port}/metrics"))
     return metrics
 
 
