@@ -116,16 +116,18 @@ class Event:  # noqa: PLW1641 (unhashable: fields hold lists and dicts)
         head: dict[str, Any] = self.__dict__.get("_head", {})
         return head
 
-    def as_dict(self) -> dict[str, Any]:
-        """The line as a reader sees it: name, head, every field (defaults filled), extras."""
+    def as_dict(self, *, defaults: bool = True) -> dict[str, Any]:
+        """The line as a reader sees it: name, head, the fields as written (renamed ones
+        upgraded), extras, and (``defaults``) each optional field the line left out."""
         out: dict[str, Any] = {"event": self.NAME, **self.head}
-        for f in self.FIELDS:
-            # a required field an old or damaged line lacks stays absent: never invented
-            value = getattr(self, f.name, _REQUIRED)
-            if value is not _REQUIRED:
-                out[f.name] = value
+        # the instance holds the given fields in the order written (or passed)
+        out.update((k, v) for k, v in self.__dict__.items() if not k.startswith("_"))
         for key, value in self.extra.items():
             out.setdefault(key, value)
+        if defaults:
+            for f in self.FIELDS:
+                if f.optional:
+                    out.setdefault(f.name, f.default)
         return out
 
     def __eq__(self, other: object) -> bool:
@@ -150,7 +152,8 @@ class Unknown:
         self.fields = fields
         self.head = head
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, *, defaults: bool = True) -> dict[str, Any]:
+        """The line as it was (there are no defaults to fill for an unknown event)."""
         return {"event": self.NAME, **self.head, **self.fields}
 
     def __repr__(self) -> str:

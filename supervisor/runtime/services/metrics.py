@@ -32,6 +32,9 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from supervisor.config.metrics import MetricsConfig
+from supervisor.core.catalogue import decode
+from supervisor.core.catalogue.generation import Decision, GenerationStarted
+from supervisor.core.catalogue.ranks import RankHung
 from supervisor.core.catalogue.services import MetricsFailed, MetricsServing, MetricsUnavailable
 from supervisor.core.goodput import Ledger
 from supervisor.core.recovery import Recovery
@@ -171,12 +174,13 @@ class Metrics:
 
     def on_event(self, name: str, record: dict[str, Any]) -> None:
         self._ledger.add(name, record)
-        if name == "generation_started":
+        event = decode(record)  # typed: a renamed field fails mypy here, not a scrape
+        if isinstance(event, GenerationStarted):
             self._generations.inc()
-        elif name == "decision":
-            self._decisions.labels(*self._base, record["action"], record["reason"]).inc()
-        elif name == "rank_hung":
-            self._detection.labels(*self._base, record["kind"]).observe(record["late_by"])
+        elif isinstance(event, Decision):
+            self._decisions.labels(*self._base, event.action, event.reason).inc()
+        elif isinstance(event, RankHung):
+            self._detection.labels(*self._base, event.kind).observe(event.late_by)
         seconds = self._recovery_clock.add(name, record)
         if seconds is not None:
             self._recovery.observe(seconds)
