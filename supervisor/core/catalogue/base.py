@@ -28,6 +28,9 @@ HEADER = ("t_wall", "t_mono")  # written by the event log after the name, before
 VERSION_KEY = "v"  # written only by versions after the first: every line of a v1 event lacks it
 
 
+_NO_DEFAULT: Any = object()  # marks a field without a default while a class is read
+
+
 class Field(NamedTuple):
     name: str
     type: str  # as annotated: the reference prints it
@@ -68,8 +71,8 @@ class Event:  # noqa: PLW1641 (unhashable: fields hold lists and dicts)
                 continue
             if fname.isupper() or fname.startswith("_") or hasattr(Event, fname):
                 raise TypeError(f"{cls.__name__}.{fname}: a field may not shadow the record's own names")
-            default = cls.__dict__.get(fname, _REQUIRED)
-            optional = default is not _REQUIRED
+            default = cls.__dict__.get(fname, _NO_DEFAULT)
+            optional = default is not _NO_DEFAULT
             fields.append(Field(fname, text, optional, default if optional else None))
         cls.NAME, cls.LEVEL, cls.VERSION, cls.QUIET = name, level, version, quiet
         cls.TOPIC = cls.__module__.rpartition(".")[2]
@@ -87,11 +90,7 @@ class Event:  # noqa: PLW1641 (unhashable: fields hold lists and dicts)
         unknown = values.keys() - cls._NAMES
         if missing or unknown:
             raise TypeError(
-                f"{cls.__name__}: missing {sorted(missing)}, unknown {sorted(unknown)}"
-                if missing and unknown
-                else f"{cls.__name__}: missing {sorted(missing)}"
-                if missing
-                else f"{cls.__name__}: unknown fields {sorted(unknown)}"
+                f"{cls.__name__}: missing fields {sorted(missing)}, unknown fields {sorted(unknown)}"
             )
         # the given fields live in the instance; an optional one left out reads the class default
         self.__dict__.update(values)
@@ -138,14 +137,9 @@ class Event:  # noqa: PLW1641 (unhashable: fields hold lists and dicts)
         return f"{type(self).__name__}({shown})"
 
 
-_REQUIRED: Any = object()  # marks a field without a default while reading a class
-
-
 class Unknown:
     """A line whose event name the catalogue does not know (a newer daemon's, a typo):
     kept whole, so a reader can show it or pass it on."""
-
-    VERSION = 0
 
     def __init__(self, name: str, fields: dict[str, Any], head: dict[str, Any]) -> None:
         self.NAME = name
