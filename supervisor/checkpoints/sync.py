@@ -45,6 +45,13 @@ from supervisor.checkpoints.store import EntryChanged, Maker, Store, later, off
 from supervisor.checkpoints.stores import open_store
 from supervisor.checkpoints.threads import DaemonThreads
 from supervisor.config.checkpoints import CheckpointConfig
+from supervisor.core.catalogue.checkpoints import (
+    CheckpointPruned,
+    CheckpointRestored,
+    CheckpointRestoreSkipped,
+    CheckpointSynced,
+    CheckpointSyncFailed,
+)
 from supervisor.core.snapshots import Entry, hold, plan, restore_choice, to_prune
 from supervisor.core.types import EventSink
 
@@ -91,8 +98,7 @@ class CheckpointSync:
             self._may_prune = False
             error = (f"the copy-back did not finish within {cfg.restore_timeout:g}s"
                      if isinstance(exc, TimeoutError) else _describe(exc))  # fmt: skip
-            self.events.emit("checkpoint_sync_failed", logging.ERROR, phase="restore", error=error,
-                             dest=cfg.url)  # fmt: skip
+            self.events.emit(CheckpointSyncFailed(phase="restore", error=error, dest=cfg.url), logging.ERROR)
         finally:
             self.restored.set()
         while True:
@@ -113,8 +119,8 @@ class CheckpointSync:
             async with asyncio.timeout(cfg.final_timeout):
                 await self.sync(final=True, settle=not ranks_gone)
         except TimeoutError:
-            self.events.emit("checkpoint_sync_failed", logging.ERROR, phase="final", dest=cfg.url,
-                             error=f"the last sync did not finish within {cfg.final_timeout:g}s")  # fmt: skip
+            error = f"the last sync did not finish within {cfg.final_timeout:g}s"
+            self.events.emit(CheckpointSyncFailed(phase="final", error=error, dest=cfg.url), logging.ERROR)
         finally:
             self._executor.shutdown()
 
@@ -126,8 +132,7 @@ class CheckpointSync:
                 await self._sync(self.cfg, final=final, settle=settle)
             except Exception as exc:
                 phase = "final" if final else "periodic"
-                self.events.emit("checkpoint_sync_failed", logging.WARNING, phase=phase,
-                                 error=_describe(exc), dest=self.cfg.url)  # fmt: skip
+                self.events.emit(CheckpointSyncFailed(phase=phase, error=_describe(exc), dest=self.cfg.url))
                 return False
         return True
 
@@ -147,8 +152,8 @@ class CheckpointSync:
         local = await off(ex, scan_tree, cfg.path)
         choice = restore_choice(local, store.entries)
         if choice.entry is None:
-            self.events.emit("checkpoint_restore_skipped", reason=choice.reason, dest=cfg.url,
-                             local=sorted(local) or None)  # fmt: skip
+            self.events.emit(CheckpointRestoreSkipped(reason=choice.reason, dest=cfg.url,
+                                                      local=sorted(local) or None))  # fmt: skip
             return
         e, started = choice.entry, time.monotonic()
         tmp = cfg.path / self._maker.temp(e.name)
@@ -158,8 +163,9 @@ class CheckpointSync:
         except BaseException:
             later(ex, remove_path, tmp)  # not waited for: a cancel must not wait on DEST
             raise
-        self.events.emit("checkpoint_restored", entry=e.name, files=len(e.files), bytes=e.bytes,
-                         seconds=round(time.monotonic() - started, 3), source=cfg.url)  # fmt: skip
+        seconds = round(time.monotonic() - started, 3)
+        self.events.emit(CheckpointRestored(entry=e.name, files=len(e.files), bytes=e.bytes, seconds=seconds,
+                                            source=cfg.url))  # fmt: skip
 
     async def _sync(self, cfg: CheckpointConfig, *, final: bool, settle: bool) -> None:
         started, ex = time.monotonic(), self._executor
@@ -185,19 +191,19 @@ class CheckpointSync:
         for name in pruned:
             await store.delete(name)
         if pruned:
-            self.events.emit("checkpoint_pruned", entries=list(pruned), dest=cfg.url, keep=cfg.keep)
+            self.events.emit(CheckpointPruned(entries=list(pruned), dest=cfg.url, keep=cfg.keep))
         if sent or busy or final:
             self.events.emit(
-                "checkpoint_synced",
-                entries=[e.name for e in sent],
-                files=sum(len(e.files) for e in sent),
-                bytes=sum(e.bytes for e in sent),
-                seconds=round(time.monotonic() - started, 3),
-                dest=cfg.url,
-                final=final,
-                busy=sorted(busy) or None,
+                CheckpointSynced(
+                    entries=[e.name for e in sent],
+                    files=sum(len(e.files) for e in sent),
+                    bytes=sum(e.bytes for e in sent),
+                    seconds=round(time.monotonic() - started, 3),
+                    dest=cfg.url,
+                    final=final,
+                    busy=sorted(busy) or None,
+                )
             )
-
 
     async def _from_held(
         self, store: Store, cfg: CheckpointConfig, local: Mapping[str, Entry], busy: Sequence[str],

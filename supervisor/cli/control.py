@@ -24,6 +24,7 @@ import zmq
 
 from supervisor.config.durations import duration
 from supervisor.core import checkpoint_interval
+from supervisor.core.catalogue import NotAnEvent, decode
 from supervisor.log import format_fields
 from supervisor.transport.endpoints import pid_namespace, running_daemons
 
@@ -259,10 +260,15 @@ def _print_event(line: bytes, as_json: bool, last: float) -> float:
         return last  # already printed from the log
     if as_json:
         print(line.decode(), flush=True)
-    else:
-        stamp = time.strftime("%H:%M:%S", time.localtime(event.get("t_wall", 0)))
-        fields = {k: v for k, v in event.items() if k not in ("event", "t_wall", "t_mono", "run_id")}
-        print(f"{stamp} {event.get('event')} {format_fields(fields)}", flush=True)
+        return mono
+    try:
+        # through the catalogue: an older daemon's fields print under today's names
+        record = decode(event).as_dict(defaults=False)
+    except NotAnEvent:
+        record = event  # no event name: printed as it is, as before
+    stamp = time.strftime("%H:%M:%S", time.localtime(event.get("t_wall", 0)))
+    fields = {k: v for k, v in record.items() if k not in ("event", "t_wall", "t_mono", "run_id")}
+    print(f"{stamp} {event.get('event')} {format_fields(fields)}", flush=True)
     return mono
 
 

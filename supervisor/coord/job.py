@@ -12,7 +12,6 @@ threads so the event loop never waits on the network. The job's node table
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import threading
 import time
@@ -26,6 +25,7 @@ from supervisor.aio import in_thread
 from supervisor.config.rendezvous import RdzvConfig
 from supervisor.coord import rounds as rnd
 from supervisor.coord.nodetable import NodeTable
+from supervisor.core.catalogue.job import RendezvousJoined, RendezvousLeaveFailed
 from supervisor.core.jobwide import NodeOutcome, PeerNews, look_every, lost, unpack
 from supervisor.core.types import Action, EventSink, Reason
 from supervisor.process.ports import free_port
@@ -171,14 +171,15 @@ class RendezvousJob:
         joined, used = await in_thread(self._guard(join), f"rdzv-join-{generation}")
         self._table.nnodes = joined.nnodes
         self._events.emit(
-            "rendezvous_joined",
-            generation=generation,
-            round=joined.round,
-            node_rank=joined.node_rank,
-            nnodes=joined.nnodes,
-            master_addr=joined.master_addr,
-            master_port=joined.master_port,
-            restarts_used=used,
+            RendezvousJoined(
+                generation=generation,
+                round=joined.round,
+                node_rank=joined.node_rank,
+                nnodes=joined.nnodes,
+                master_addr=joined.master_addr,
+                master_port=joined.master_port,
+                restarts_used=used,
+            )
         )
         return JobGeneration(
             generation,
@@ -383,7 +384,7 @@ class RendezvousJob:
         try:
             await in_thread(finish, "rdzv-finish")
         except Exception as exc:
-            self._events.emit("rendezvous_leave_failed", logging.WARNING, error=str(exc))
+            self._events.emit(RendezvousLeaveFailed(error=str(exc)))
 
     # -- the job's node table (ft-supervisor status, straggler medians) --------------------
 

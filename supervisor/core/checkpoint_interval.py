@@ -38,6 +38,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor.core.catalogue.generation import GenerationEnded, GenerationStarted
+from supervisor.core.catalogue.job import NodeMoved
+from supervisor.core.catalogue.ranks import RankSpawned, RankStepping
 from supervisor.core.recovery import Recovery, is_failure
 
 SAVES = 32
@@ -129,17 +132,17 @@ class Advisor:
         if not isinstance(generation, int) or not isinstance(t, int | float):
             return recovered is not None
         failed = False
-        if name == "rank_spawned" and isinstance(rank, int):
+        if name == RankSpawned.NAME and isinstance(rank, int):
             self._gens.setdefault(generation, _Generation()).ranks.add(rank)
-        elif name == "node_moved":
+        elif name == NodeMoved.NAME:
             self._gens.pop(generation, None)  # respawned for the node's new place: new ranks
-        elif name == "generation_started":
+        elif name == GenerationStarted.NAME:
             self._current = generation
             # prepared generations that never started are forgotten, and so are old ones
             self._gens = {g: gen for g, gen in self._gens.items() if g >= generation}
-        elif name == "rank_stepping" and isinstance(rank, int):
+        elif name == RankStepping.NAME and isinstance(rank, int):
             self._stepped(generation, rank, float(t))
-        elif name == "generation_ended":
+        elif name == GenerationEnded.NAME:
             self._over(generation, float(t))
         elif is_failure(name, record) and generation == self._current:
             failed = self._over(generation, float(t), failure=True)

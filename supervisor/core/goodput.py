@@ -70,8 +70,26 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor.core.catalogue.checkpoints import CheckpointReported
+from supervisor.core.catalogue.daemon import RunFinished, RunStarted
+from supervisor.core.catalogue.generation import (
+    Decision,
+    GenerationEnded,
+    GenerationStarted,
+    RestartRequested,
+)
+from supervisor.core.catalogue.job import JobDecision, PeerNews
+from supervisor.core.catalogue.ranks import (
+    RankExited,
+    RankFailureReported,
+    RankHung,
+    RankSpawned,
+    RankStepping,
+    WorkloadRequest,
+)
+
 # the daemon's own notice of a failure, before or without a failed exit
-_SIGNS = ("rank_failure_reported", "peer_news", "restart_requested")
+_SIGNS = (RankFailureReported.NAME, PeerNews.NAME, RestartRequested.NAME)
 # decisions of a node that only followed the job (its own ranks were healthy)
 _FOLLOWING = ("peer_failed", "membership", "node_lost", "stopped")
 
@@ -218,18 +236,18 @@ class Ledger:
         self._saved_iteration: list[int | None] = []
         self._stepped: set[int] = set()  # ranks that ever reported a step
         self._handlers: dict[str, Callable[[Mapping[str, Any], float], None]] = {
-            "run_started": self._run_started,
-            "run_finished": self._run_finished,
-            "generation_started": self._generation_started,
-            "generation_ended": self._generation_ended,
-            "rank_spawned": self._rank_spawned,
-            "rank_stepping": self._rank_stepping,
-            "rank_exited": self._rank_exited,
-            "rank_hung": self._rank_hung,
-            "checkpoint_reported": self._checkpoint,
-            "decision": self._decision,
-            "job_decision": self._job_decision,
-            "workload_request": self._workload_request,
+            RunStarted.NAME: self._run_started,
+            RunFinished.NAME: self._run_finished,
+            GenerationStarted.NAME: self._generation_started,
+            GenerationEnded.NAME: self._generation_ended,
+            RankSpawned.NAME: self._rank_spawned,
+            RankStepping.NAME: self._rank_stepping,
+            RankExited.NAME: self._rank_exited,
+            RankHung.NAME: self._rank_hung,
+            CheckpointReported.NAME: self._checkpoint,
+            Decision.NAME: self._decision,
+            JobDecision.NAME: self._job_decision,
+            WorkloadRequest.NAME: self._workload_request,
         }
         for sign in _SIGNS:
             self._handlers[sign] = functools.partial(self._sign, sign)
@@ -302,13 +320,13 @@ class Ledger:
     def _rank_exited(self, record: Mapping[str, Any], t: float) -> None:
         gen = self._gen(record)
         if gen is not None and record.get("state") == "failed" and not record.get("standby"):
-            gen.mark("rank_exited", t, t, _int(record, "rank"))
+            gen.mark(RankExited.NAME, t, t, _int(record, "rank"))
 
     def _rank_hung(self, record: Mapping[str, Any], t: float) -> None:
         gen = self._gen(record)
         if gen is not None:
             silent = max(0.0, _num(record, "open_for") or 0.0)
-            gen.mark("rank_hung", t - silent, t, _int(record, "rank"))
+            gen.mark(RankHung.NAME, t - silent, t, _int(record, "rank"))
 
     def _sign(self, name: str, record: Mapping[str, Any], t: float) -> None:
         gen = self._gen(record)
@@ -318,7 +336,7 @@ class Ledger:
     def _workload_request(self, record: Mapping[str, Any], t: float) -> None:
         gen = self._gen(record)
         if gen is not None and record.get("action") not in (None, "continue"):
-            gen.mark("workload_request", t, t, _int(record, "rank"))
+            gen.mark(WorkloadRequest.NAME, t, t, _int(record, "rank"))
 
     def _checkpoint(self, record: Mapping[str, Any], t: float) -> None:
         if record.get("checkpoint") != "saved":
@@ -346,7 +364,7 @@ class Ledger:
         gen.decided = True
         if gen.failed_at is None:  # nothing failed here: the decision is the first sign
             gen.failed_at = gen.noticed_at = max(gen.started, min(t, gen.ended or t))
-            gen.sign = "decision"
+            gen.sign = Decision.NAME
 
     def _job_decision(self, record: Mapping[str, Any], t: float) -> None:
         gen = self._gen(record)
@@ -365,9 +383,7 @@ class Ledger:
             end = max(end, self._last)
         if start is None or end is None:  # nothing started yet
             n = len(self._order)
-            return Summary(
-                start, None, finished, 0.0, 0.0, 0.0, 0.0, 0.0, max(0, n - 1), n, 0, None
-            )
+            return Summary(start, None, finished, 0.0, 0.0, 0.0, 0.0, 0.0, max(0, n - 1), n, 0, None)
         gens = [self._gens[n] for n in self._order]
         productive = detection = restart = recomputation = 0.0
         incidents: list[Incident] = []
@@ -459,7 +475,7 @@ class Ledger:
             rule=gen.rule,
             detail=gen.detail,
             rank=gen.blamed if gen.blamed is not None else gen.sign_rank,
-            sign=gen.sign or "generation_ended",
+            sign=gen.sign or GenerationEnded.NAME,
             failed_at=failed,
             noticed_at=noticed,
             detection=noticed - failed,

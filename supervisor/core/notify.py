@@ -12,6 +12,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from supervisor.core.catalogue.daemon import (
+    ConfigReloaded,
+    ReloadFailed,
+    ReloadRequested,
+    RunFinished,
+    RunStarted,
+    StopRequested,
+)
+from supervisor.core.catalogue.generation import Decision, GenerationStarted, RestartRequested
+from supervisor.core.catalogue.ranks import RankSpawned
+
 STATUS_MAX = 200  # `systemctl status` shows one line; a long detail belongs in the event log
 VERBS = {"restart": "restarting", "reschedule": "rescheduling", "abort": "aborting"}
 
@@ -64,29 +75,29 @@ class Narrator:
         gen = record.get("generation")
         said: tuple[str, ...] = ()
         match event:
-            case "run_started":
+            case RunStarted.NAME:
                 said = (_status(self.doing),)
-            case "rank_spawned" if isinstance(gen, int):
+            case RankSpawned.NAME if isinstance(gen, int):
                 self._ranks.setdefault(gen, set()).add(int(record["local_rank"]))
-            case "generation_started" if isinstance(gen, int):
+            case GenerationStarted.NAME if isinstance(gen, int):
                 said = self._started(gen)
-            case "decision" if record.get("action") in VERBS:
+            case Decision.NAME if record.get("action") in VERBS:
                 self.doing = f"{VERBS[record['action']]} after {record.get('reason')} (generation {gen})"
                 said = (_status(self.doing),)
-            case "restart_requested":
+            case RestartRequested.NAME:
                 self.doing = f"restarting generation {gen} on request"
                 said = (_status(self.doing),)
-            case "stop_requested":
+            case StopRequested.NAME:
                 said = self._stop(f"stopping on {record.get('signal')}")
-            case "reload_requested":
+            case ReloadRequested.NAME:
                 # systemd (Type=notify-reload) wants CLOCK_MONOTONIC at the reload's start
                 usec = int(float(record["t_mono"]) * 1e6)
                 said = ("RELOADING=1", f"MONOTONIC_USEC={usec}", _status(f"reloading {record.get('path')}"))
-            case "config_reloaded":
+            case ConfigReloaded.NAME:
                 said = ("READY=1", _status(self.doing))
-            case "reload_failed":
+            case ReloadFailed.NAME:
                 said = ("READY=1", _status(f"{self.doing}; reload failed: {record.get('error')}"))
-            case "run_finished":
+            case RunFinished.NAME:
                 said = self._stop(f"finished, exit code {record.get('exit_code')}")
         return said
 

@@ -21,15 +21,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor.core.catalogue.generation import GenerationStarted, RestartRequested
+from supervisor.core.catalogue.job import NodeMoved, PeerNews
+from supervisor.core.catalogue.ranks import (
+    RankExited,
+    RankFailureReported,
+    RankHung,
+    RankSpawned,
+    RankStepping,
+    WorkloadRequest,
+)
+
 # events that say the daemon knows the running generation is over (the signs goodput uses)
 FAILURES = frozenset(
     {
-        "rank_exited",
-        "rank_hung",
-        "rank_failure_reported",
-        "peer_news",
-        "restart_requested",
-        "workload_request",
+        RankExited.NAME,
+        RankHung.NAME,
+        RankFailureReported.NAME,
+        PeerNews.NAME,
+        RestartRequested.NAME,
+        WorkloadRequest.NAME,
     }
 )
 
@@ -37,10 +48,10 @@ FAILURES = frozenset(
 def is_failure(name: str, record: Mapping[str, Any]) -> bool:
     if name not in FAILURES:
         return False
-    if name == "rank_exited":
+    if name == RankExited.NAME:
         # a standby dropped unused, or a rank stopped by us, is no failure
         return record.get("state") == "failed" and not record.get("standby")
-    if name == "workload_request":
+    if name == WorkloadRequest.NAME:
         return record.get("action") not in (None, "continue")
     return True
 
@@ -58,11 +69,11 @@ class Recovery:
         generation = record.get("generation")
         if not isinstance(generation, int):
             return None
-        if name == "rank_spawned":
+        if name == RankSpawned.NAME:
             self.ranks.setdefault(generation, set()).add(int(record["rank"]))
-        elif name == "node_moved":
+        elif name == NodeMoved.NAME:
             self.ranks.pop(generation, None)  # respawned for the node's new place, new ranks
-        elif name == "generation_started":
+        elif name == GenerationStarted.NAME:
             self.current = generation
             # prepared generations that never started are forgotten
             self.ranks = {g: r for g, r in self.ranks.items() if g >= generation}
@@ -70,7 +81,7 @@ class Recovery:
             if self.failed is None or self.failed[0] != generation:
                 self.failed = (generation, float(record["t_mono"]))
                 self.stepping = set()
-        elif name == "rank_stepping":
+        elif name == RankStepping.NAME:
             return self._stepped(generation, int(record["rank"]), float(record["t_mono"]))
         return None
 

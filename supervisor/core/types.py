@@ -10,9 +10,12 @@ from __future__ import annotations
 import signal as _signal
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from supervisor.core.watch import Hang
+
+if TYPE_CHECKING:  # the ranks import these types: the catalogue's import is theirs to skip
+    from supervisor.core.catalogue import Event
 
 
 class Action(StrEnum):
@@ -192,4 +195,6 @@ class EventSink(Protocol):
     """Where an adapter reports what it did: the daemon's event log, as a seam
     (the adapters never import the runtime)."""
 
-    def emit(self, event: str, level: int = ..., *, quiet: tuple[str, ...] = (), **fields: Any) -> None: ...
+    def emit(
+        self, event: Event | str, level: int | None = ..., *, quiet: tuple[str, ...] = (), **fields: Any
+    ) -> None: ...

@@ -16,6 +16,29 @@ from typing import Any
 
 import orjson
 
+from supervisor.core.catalogue import decode
+from supervisor.core.catalogue.checkpoints import CheckpointReported
+from supervisor.core.catalogue.daemon import RunFinished, RunStarted, StopRequested
+from supervisor.core.catalogue.generation import (
+    Decision,
+    GenerationEnded,
+    GenerationStarted,
+    KernelLines,
+    PluginsLoaded,
+)
+from supervisor.core.catalogue.job import JobDecision
+from supervisor.core.catalogue.ranks import (
+    DeadlineMissed,
+    ExceptionReported,
+    RankConnected,
+    RankExited,
+    RankFailureReported,
+    RankHung,
+    RankSpawned,
+    RankStepping,
+    RankUnkillable,
+    WorkloadRequest,
+)
 from supervisor.core.policy import Policy
 
 KERNEL_LINES = 200  # as many as the daemon gives one failure
@@ -106,7 +129,7 @@ def _events(path: Path) -> Iterator[Event]:
             except orjson.JSONDecodeError:
                 continue
             if isinstance(event, dict) and isinstance(event.get("event"), str):
-                yield event
+                yield decode(event).as_dict()  # older daemons' lines, upgraded
 
 
 def _int(value: object) -> int | None:
@@ -116,51 +139,51 @@ def _int(value: object) -> int | None:
 def _rank_event(g: GenerationLog, name: str, e: Event) -> None:
     rank = _int(e.get("rank"))
     local = _int(e.get("local_rank"))
-    if name == "rank_spawned" and rank is not None:
+    if name == RankSpawned.NAME and rank is not None:
         g.local_of[rank] = rank if local is None else local
-    elif name == "rank_exited" and not e.get("standby"):
+    elif name == RankExited.NAME and not e.get("standby"):
         local = local if local is not None else rank
         if local is not None:
             g.exits[local] = e
-    elif name == "rank_hung" and rank is not None:
+    elif name == RankHung.NAME and rank is not None:
         g.hangs.setdefault(g.local(rank), e)
-    elif name == "rank_connected" and rank is not None:
+    elif name == RankConnected.NAME and rank is not None:
         g.connected.add(rank)
-    elif name == "rank_stepping" and rank is not None:
+    elif name == RankStepping.NAME and rank is not None:
         g.stepping.add(rank)
 
 
 # events of the run as a whole: the attribute that keeps each (the first one)
-_RUN_EVENTS = {"run_started": "started", "plugins_loaded": "plugins", "stop_requested": "stop",
-               "run_finished": "finished"}  # fmt: skip
-_RANK_EVENTS = ("rank_spawned", "rank_exited", "rank_hung", "rank_connected", "rank_stepping")
+_RUN_EVENTS = {RunStarted.NAME: "started", PluginsLoaded.NAME: "plugins", StopRequested.NAME: "stop",
+               RunFinished.NAME: "finished"}  # fmt: skip
+_RANK_EVENTS = (RankSpawned.NAME, RankExited.NAME, RankHung.NAME, RankConnected.NAME, RankStepping.NAME)
 
 
 def _generation_event(run: RunLog, g: GenerationLog, name: str, e: Event) -> None:
     if name in _RANK_EVENTS:
         _rank_event(g, name, e)
-    elif name == "deadline_missed":
+    elif name == DeadlineMissed.NAME:
         g.deadline = g.deadline or e
-    elif name == "generation_started":
+    elif name == GenerationStarted.NAME:
         g.started = True
         g.multi = _int(e.get("nnodes")) is not None
-    elif name == "checkpoint_reported" and e.get("checkpoint") != "loaded":
+    elif name == CheckpointReported.NAME and e.get("checkpoint") != "loaded":
         g.saved = True
-    elif name == "workload_request" and e.get("action") != "continue":
+    elif name == WorkloadRequest.NAME and e.get("action") != "continue":
         g.requests.append(e)
-    elif name == "rank_unkillable":
+    elif name == RankUnkillable.NAME:
         g.unkillable = tuple(r for r in e.get("local_ranks") or () if isinstance(r, int))
-    elif name == "generation_ended":
+    elif name == GenerationEnded.NAME:
         g.ended = e
         g.iteration = _int(e.get("iteration"))
-    elif name == "decision":
+    elif name == Decision.NAME:
         g.decisions.append(e)
         run.decisions.append(e)
-    elif name == "job_decision":
+    elif name == JobDecision.NAME:
         g.job_decision = e
-    elif name in ("exception_reported", "rank_failure_reported") and _int(e.get("rank")) is not None:
+    elif name in (ExceptionReported.NAME, RankFailureReported.NAME) and _int(e.get("rank")) is not None:
         g.reported.setdefault(int(e["rank"]), float(e.get("t_wall") or 0.0))
-    elif name == "kernel_lines" and isinstance(e.get("lines"), list):
+    elif name == KernelLines.NAME and isinstance(e.get("lines"), list):
         g.dmesg = tuple(str(line) for line in e["lines"][:KERNEL_LINES])
 
 

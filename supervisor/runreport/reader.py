@@ -9,6 +9,8 @@ numbers start again at 0) and the gaps between them are downtime.
 
 A line that is not a JSON object with an ``event`` name (a daemon killed
 mid-write leaves a truncated last line) is skipped and counted, never fatal.
+The others go through the event catalogue: an older daemon's line reads with
+today's field names, and an optional field it left out reads as its default.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any
 import orjson
 
 from supervisor.config.errors import ConfigError
+from supervisor.core.catalogue import decode
+from supervisor.core.catalogue.daemon import RunFinished, RunStarted
 
 EVENTS = "events.jsonl"
 
@@ -45,7 +49,7 @@ class DaemonRun:
 
     @property
     def pid(self) -> int | None:
-        started = next((e for e in self.events if e["event"] == "run_started"), None)
+        started = next((e for e in self.events if e["event"] == RunStarted.NAME), None)
         pid = None if started is None else started.get("pid")
         return pid if isinstance(pid, int) else None
 
@@ -59,7 +63,7 @@ class DaemonRun:
 
     @property
     def finished(self) -> bool:
-        return any(e["event"] == "run_finished" for e in self.events)
+        return any(e["event"] == RunFinished.NAME for e in self.events)
 
 
 @dataclass(slots=True)
@@ -104,7 +108,7 @@ def parse_lines(lines: Iterable[bytes], path: Path) -> tuple[list[dict[str, Any]
         ):
             skipped.append(Skipped(path, number, "not an event (no event name or t_wall)"))
             continue
-        events.append(event)
+        events.append(decode(event).as_dict())
     return events, skipped
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.core import checkpoint_interval
+from supervisor.core.catalogue.checkpoints import CheckpointIntervalAdvised
 from supervisor.core.goodput import Incident, Ledger, Summary
 from supervisor.runreport import reader, timeline
 from supervisor.runreport.reader import DaemonRun, Session, Skipped
@@ -94,7 +95,7 @@ def build(root: Path) -> Report:
 
 def last_advice(sessions: list[Session]) -> dict[str, Any] | None:
     """The last advised checkpoint interval told (any node), without the event's envelope."""
-    told = [e for s in sessions for e in s.events if e["event"] == "checkpoint_interval_advised"]
+    told = [e for s in sessions for e in s.events if e["event"] == CheckpointIntervalAdvised.NAME]
     if not told:
         return None
     last = max(told, key=lambda e: float(e["t_wall"]))

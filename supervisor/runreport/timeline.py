@@ -10,6 +10,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor.core.catalogue.checkpoints import CheckpointReported, CheckpointSynced
+from supervisor.core.catalogue.generation import GenerationEnded, GenerationStarted, RestartRequested
+from supervisor.core.catalogue.job import PeerNews
+from supervisor.core.catalogue.ranks import (
+    RankExited,
+    RankHung,
+    RankSpawned,
+    RankStepping,
+    StragglerCleared,
+    StragglerDetected,
+    WorkloadRequest,
+)
 from supervisor.core.goodput import Incident
 from supervisor.runreport.reader import Session
 
@@ -81,21 +93,21 @@ class _RunBars:
 
     def add(self, e: Mapping[str, Any], t: float) -> None:
         name, gen, rank = e["event"], _int(e, "generation"), _int(e, "rank")
-        if name == "generation_started" and gen is not None and gen not in self.started:
+        if name == GenerationStarted.NAME and gen is not None and gen not in self.started:
             self.started[gen] = t
-        elif name == "generation_ended" and gen is not None:
+        elif name == GenerationEnded.NAME and gen is not None:
             self.ended[gen] = max(t, self.ended.get(gen, t))
         elif gen is None or rank is None:
             return
-        elif name == "rank_spawned":
+        elif name == RankSpawned.NAME:
             self.spawned.setdefault((gen, rank), t)
-        elif name == "rank_stepping":
+        elif name == RankStepping.NAME:
             self.stepping.setdefault((gen, rank), t)
-        elif name == "rank_exited" and (e.get("standby") or gen not in self.started):
+        elif name == RankExited.NAME and (e.get("standby") or gen not in self.started):
             self.spawned.pop((gen, rank), None)  # dropped before its generation began
-        elif name == "rank_exited":
+        elif name == RankExited.NAME:
             self.exits[(gen, rank)] = (t, str(e.get("state") or "stopped"))
-        elif name == "rank_hung":
+        elif name == RankHung.NAME:
             self.hung.add((gen, rank))
 
     def bars(self, end: float) -> list[Bar]:
@@ -117,38 +129,38 @@ class _RunBars:
 def _fault(e: Mapping[str, Any], t: float) -> Mark | None:
     name, rank = e["event"], _int(e, "rank")
     gen = e.get("generation")
-    if name == "rank_exited" and e.get("state") == "failed" and not e.get("standby"):
+    if name == RankExited.NAME and e.get("state") == "failed" and not e.get("standby"):
         how = f"signal {e['signal']}" if e.get("signal") else f"exit code {e.get('exit_code')}"
         return Mark(t, rank, "crash", f"gen {gen}: rank {rank} failed ({how})")
-    if name == "rank_hung":
+    if name == RankHung.NAME:
         what = e.get("section") or e.get("kind") or "?"
         return Mark(t, rank, "hang", f"gen {gen}: rank {rank} hung ({what}, {e.get('open_for')} s silent)")
-    if name == "peer_news":
+    if name == PeerNews.NAME:
         return Mark(t, None, "peer", f"gen {gen}: {e.get('news')} {e.get('detail') or ''}".strip())
-    if name == "restart_requested":
+    if name == RestartRequested.NAME:
         return Mark(t, None, "operator", f"gen {gen}: restart requested by an operator")
-    if name == "workload_request" and e.get("action") not in (None, "continue"):
+    if name == WorkloadRequest.NAME and e.get("action") not in (None, "continue"):
         return Mark(t, rank, "request", f"gen {gen}: rank {rank} asked to {e.get('action')}")
     return None
 
 
 def _straggler(e: Mapping[str, Any], t: float) -> Mark | None:
     name, rank, gen = e["event"], _int(e, "rank"), e.get("generation")
-    if name not in ("straggler_detected", "straggler_cleared"):
+    if name not in (StragglerDetected.NAME, StragglerCleared.NAME):
         return None
-    kind = "straggler" if name == "straggler_detected" else "straggler_cleared"
+    kind = "straggler" if name == StragglerDetected.NAME else StragglerCleared.NAME
     what = "straggles" if kind == "straggler" else "no longer straggles"
     said = f"score {e.get('score')}, {e.get('window')} steps"
     return Mark(t, rank, kind, f"gen {gen}: rank {rank} {what} ({said})")
 
 
 def _checkpoint(e: Mapping[str, Any], t: float) -> Mark | None:
-    if e["event"] == "checkpoint_reported":
+    if e["event"] == CheckpointReported.NAME:
         kind = "loaded" if e.get("checkpoint") == "loaded" else "saved"
         it = e.get("iteration")
         at = f" at iteration {it}" if it is not None else ""
         return Mark(t, _int(e, "rank"), kind, f"rank {e.get('rank')} {kind} a checkpoint{at}")
-    if e["event"] == "checkpoint_synced":
+    if e["event"] == CheckpointSynced.NAME:
         size = _num(e, "bytes")
         what = f"{size / 1e6:.1f} MB" if size is not None else "a checkpoint"
         dest = f" to {e['dest']}" if e.get("dest") else ""
@@ -168,7 +180,7 @@ def build(sessions: list[Session], incidents: list[Incident], ended_at: float | 
         for e in session.events:
             t = float(e["t_wall"]) - origin
             gen = _int(e, "generation")
-            if e["event"] == "generation_started" and gen is not None and gen not in labelled:
+            if e["event"] == GenerationStarted.NAME and gen is not None and gen not in labelled:
                 labelled.add(gen)  # where the first node started it
                 out.generations.append((t, f"gen {gen}" if index == 0 else f"run {index + 1} gen {gen}"))
             fault = _fault(e, t) or _straggler(e, t)

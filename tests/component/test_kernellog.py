@@ -4,7 +4,6 @@ record format."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
 import uuid
@@ -12,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from supervisor.core.catalogue import Event
 from supervisor.core.kmsg import about, parse_record
 from supervisor.runtime.services.kernellog import KernelLog
 
@@ -21,8 +21,10 @@ class Sink:
         self.seen: list[tuple[str, dict[str, Any]]] = []
 
     def emit(
-        self, event: str, level: int = logging.INFO, *, quiet: tuple[str, ...] = (), **fields: Any
+        self, event: Event | str, level: int | None = None, *, quiet: tuple[str, ...] = (), **fields: Any
     ) -> None:
+        if isinstance(event, Event):
+            event, fields = event.NAME, event.values()
         self.seen.append((event, fields))
 
 

@@ -4,6 +4,10 @@ Each event is appended with a single write(2) on an O_APPEND descriptor before
 the daemon acts on it (and published on the events socket), so the file is
 complete up to the instant the daemon died, even by SIGKILL. A page-cache
 append costs microseconds; a thread hop would cost more and could reorder events.
+
+Events are records of the catalogue (``supervisor.core.catalogue``): the record says
+its name, fields, level and quiet fields. The older string form (a name and keyword
+fields) still works while its last callers are converted, for catalogued names only.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import Any
 import orjson
 
 from supervisor.clock import Clock
+from supervisor.core.catalogue import CATALOGUE, Event, envelope
+from supervisor.core.catalogue.daemon import EventLogDegraded, EventLogRestored, ListenerFailed
 
 PENDING_BYTES = 4 << 20  # kept in memory for the file while it cannot be written
 
@@ -42,29 +48,47 @@ class EventLog:
         self.lost = 0  # lines dropped while degraded
 
     def emit(
-        self, event: str, level: int = logging.INFO, *, quiet: tuple[str, ...] = (), **fields: Any
+        self,
+        event: Event | str,
+        level: int | None = None,
+        *,
+        quiet: tuple[str, ...] = (),
+        **fields: Any,
     ) -> None:
-        """Record ``event``; fields named in ``quiet`` stay off the console (bulky text)."""
-        record = {
-            "event": event,
-            "t_wall": self._clock.wall(),
-            "t_mono": self._clock.monotonic(),
-            **self._common,
-            **fields,
-        }
+        """Record ``event``: a catalogue record (its level and quiet fields unless given),
+        or, the older form, a catalogued name and its fields (INFO unless given)."""
+        if isinstance(event, Event):
+            if fields:
+                raise TypeError(f"{event.NAME}: a record carries its fields: {sorted(fields)}")
+            name, level = event.NAME, event.LEVEL if level is None else level
+            quiet = quiet or event.QUIET
+            record = envelope(event, self._clock.wall(), self._clock.monotonic(), self._common)
+            fields = event.values()
+        else:
+            if event not in CATALOGUE:
+                # a programming error: every name the daemon writes is in the catalogue
+                raise ValueError(f"event {event!r} is not in the catalogue (supervisor.core.catalogue)")
+            name, level = event, logging.INFO if level is None else level
+            record = {
+                "event": event,
+                "t_wall": self._clock.wall(),
+                "t_mono": self._clock.monotonic(),
+                **self._common,
+                **fields,
+            }
         line = orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS)
         self._write(line + b"\n")
         if self.publish is not None:
-            self.publish(event.encode(), line)
+            self.publish(name.encode(), line)
         for listener in list(self.listeners):
             try:
-                listener(event, record)
+                listener(name, record)
             except Exception as exc:
                 self.listeners.remove(listener)
-                failed = {"event": event, "error": repr(exc)}
-                self._logger.warning("listener_failed", extra={"fields": failed})
+                failed = ListenerFailed(event=name, error=repr(exc)).values()
+                self._logger.warning(ListenerFailed.NAME, extra={"fields": failed})
         shown = {k: v for k, v in fields.items() if k not in quiet} if quiet else fields
-        self._logger.log(level, event, extra={"fields": shown})
+        self._logger.log(level, name, extra={"fields": shown})
 
     def _write(self, data: bytes) -> None:
         """Append, or keep it for later: a full or failing log filesystem degrades the
@@ -105,20 +129,23 @@ class EventLog:
             self._pending_bytes -= len(lost)
             self.lost += 1
         if not self._pending and self._degraded_by is not None:
-            restored = {"event": "event_log_restored", "lost": self.lost, "error": self._degraded_by}
+            said = EventLogRestored(lost=self.lost, error=self._degraded_by)
+            restored = {"event": said.NAME, **said.values()}
             self._degraded_by = None
-            self._logger.warning("event_log_restored", extra={"fields": restored})
-            self.emit("event_log_restored", logging.WARNING, lost=self.lost)
+            self._logger.warning(said.NAME, extra={"fields": restored})
+            self.emit(EventLogRestored(lost=self.lost))
 
     def _degraded(self, error: OSError) -> None:
         if self._degraded_by is not None:
             return
         self._degraded_by = f"{error.strerror or error}"
-        fields = {"path": str(self.path), "error": self._degraded_by, "keeping": f"{PENDING_BYTES} bytes"}
+        keeping = f"{PENDING_BYTES} bytes"
+        said = EventLogDegraded(path=str(self.path), error=self._degraded_by, keeping=keeping)
+        fields = said.values()
         # not to the file it could not write: the console and live subscribers hear it
         if self.publish is not None:
-            self.publish(b"event_log_degraded", orjson.dumps({"event": "event_log_degraded", **fields}))
-        self._logger.error("event_log_degraded", extra={"fields": fields})
+            self.publish(said.NAME.encode(), orjson.dumps({"event": said.NAME, **fields}))
+        self._logger.error(said.NAME, extra={"fields": fields})
 
     @property
     def degraded(self) -> bool:

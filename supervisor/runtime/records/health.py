@@ -9,13 +9,18 @@ fatal: a damaged ledger must not keep a healthy node from its work.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 
 import orjson
 
 from supervisor.clock import Clock
 from supervisor.config.health import HealthConfig
+from supervisor.core.catalogue.health import (
+    NodeHealthMarked,
+    NodeHealthUnreadable,
+    NodeHealthUnwritable,
+    NodeQuarantined,
+)
 from supervisor.core.health import Ledger, mark_of, quarantined, screen
 from supervisor.core.types import Decision, EventSink
 from supervisor.runtime.records.reason import write_atomically
@@ -56,7 +61,7 @@ class NodeHealth:
         ledger, problem = await asyncio.to_thread(read_ledger, self.cfg, self._clock.wall())
         if problem is not None and not self._said_unreadable:
             self._said_unreadable = True
-            self._events.emit("node_health_unreadable", logging.WARNING, problem=problem)
+            self._events.emit(NodeHealthUnreadable(problem=problem))
         return ledger
 
     async def at_start(self) -> Decision | None:
@@ -83,16 +88,29 @@ class NodeHealth:
             try:
                 await asyncio.to_thread(write_ledger, self.cfg, ledger)
             except OSError as exc:
-                self._events.emit("node_health_unwritable", logging.WARNING, path=str(self.cfg.ledger),
-                                  error=exc.strerror or str(exc))  # fmt: skip
-            self._events.emit("node_health_marked", logging.WARNING, generation=generation, kind=mark.kind,
-                              rule=mark.rule or None, marks=len(ledger.marks),
-                              path=str(self.cfg.ledger))  # fmt: skip
+                error = exc.strerror or str(exc)
+                self._events.emit(NodeHealthUnwritable(path=str(self.cfg.ledger), error=error))
+            self._events.emit(
+                NodeHealthMarked(
+                    generation=generation,
+                    kind=mark.kind,
+                    rule=mark.rule or None,
+                    marks=len(ledger.marks),
+                    path=str(self.cfg.ledger),
+                )
+            )
         screened = screen(decision, ledger, self.cfg.quarantine, now)
         if screened is not decision:
             self._quarantined(screened, when="restart")
         return screened
 
     def _quarantined(self, decision: Decision, when: str) -> None:
-        self._events.emit("node_quarantined", logging.ERROR, when=when, quarantine=str(self.cfg.quarantine),
-                          ledger=str(self.cfg.ledger), detail=decision.detail, pid=os.getpid())  # fmt: skip
+        self._events.emit(
+            NodeQuarantined(
+                when=when,
+                quarantine=str(self.cfg.quarantine),
+                ledger=str(self.cfg.ledger),
+                detail=decision.detail,
+                pid=os.getpid(),
+            )
+        )

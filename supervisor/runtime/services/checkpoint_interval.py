@@ -15,10 +15,9 @@ import asyncio
 from typing import Any
 
 from supervisor.clock import Clock
+from supervisor.core.catalogue.checkpoints import CheckpointIntervalAdvised
 from supervisor.core.checkpoint_interval import Advice, Advisor
 from supervisor.runtime.records.events import EventLog
-
-EVENT = "checkpoint_interval_advised"
 
 
 class IntervalAdvice:
@@ -35,7 +34,7 @@ class IntervalAdvice:
         self._tell()
 
     def on_event(self, name: str, record: dict[str, Any]) -> None:
-        if name == EVENT or not self._advisor.add(name, record) or self._pending:
+        if name == CheckpointIntervalAdvised.NAME or not self._advisor.add(name, record) or self._pending:
             return
         # told on the next turn, not from inside this event's emission: the listeners
         # after this one must see that event before ours
@@ -56,4 +55,10 @@ class IntervalAdvice:
         advice = self.now()
         if advice.news_after(self._told):
             self._told = advice
-            self._events.emit(EVENT, **advice.to_json())
+            a = advice
+            self._events.emit(
+                CheckpointIntervalAdvised(
+                    seconds=a.seconds, ts=a.ts, tf=a.tf, tr=a.tr, saves=a.saves, failures=a.failures,
+                    recoveries=a.recoveries, trained=a.trained, prior=a.prior, why=a.why,
+                )
+            )  # fmt: skip

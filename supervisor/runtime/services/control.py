@@ -15,7 +15,6 @@ take the loop away from supervision:
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +23,7 @@ import zmq
 import zmq.asyncio
 
 from supervisor.clock import Clock
+from supervisor.core.catalogue.services import ControlDropped, ControlFailed
 from supervisor.runtime.records.events import EventLog
 from supervisor.transport import schema
 from supervisor.transport.schema import Dropped
@@ -91,7 +91,7 @@ class ControlServer:
     def _count(self, reason: str, detail: str = "") -> None:
         self.drops[reason] += 1
         if self.drops[reason] == 1:  # once per reason; the rest are counted
-            self._events.emit("control_dropped", logging.WARNING, reason=reason, detail=detail or None)
+            self._events.emit(ControlDropped(reason=reason, detail=detail or None))
 
     def _answer(self, payload: bytes) -> bytes:
         try:
@@ -105,7 +105,7 @@ class ControlServer:
         try:
             data = self._status_now() if request.command == "status" else self._handle(request.command)
         except Exception as exc:
-            self._events.emit("control_failed", logging.ERROR, command=request.command, error=repr(exc))
+            self._events.emit(ControlFailed(command=request.command, error=repr(exc)))
             return schema.reply(request.id, ok=False, error=f"{request.command} failed: {exc}")
         return schema.reply(request.id, ok=True, data=data)
 

@@ -18,6 +18,7 @@ import logging
 import os
 from collections import deque
 
+from supervisor.core.catalogue.health import KernelLogUnavailable
 from supervisor.core.kmsg import KernelLine, parse_record
 from supervisor.core.types import EventSink
 
@@ -42,8 +43,7 @@ class KernelLog:
         try:
             fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
-            self._events.emit("kernel_log_unavailable", logging.INFO, path=self._path,
-                              error=exc.strerror or str(exc))  # fmt: skip
+            self._events.emit(KernelLogUnavailable(path=self._path, error=exc.strerror or str(exc)))
             return False
         with contextlib.suppress(OSError):  # a FIFO has no end to seek to
             os.lseek(fd, 0, os.SEEK_END)  # from the run's start
@@ -51,7 +51,7 @@ class KernelLog:
             asyncio.get_running_loop().add_reader(fd, self._drain)
         except (OSError, NotImplementedError, RuntimeError) as exc:
             os.close(fd)
-            self._events.emit("kernel_log_unavailable", logging.INFO, path=self._path, error=str(exc))
+            self._events.emit(KernelLogUnavailable(path=self._path, error=str(exc)))
             return False
         self._fd = fd
         return True
@@ -80,7 +80,7 @@ class KernelLog:
 
     def _stop(self, why: str) -> None:
         self.close()
-        self._events.emit("kernel_log_unavailable", logging.WARNING, path=self._path, error=why)
+        self._events.emit(KernelLogUnavailable(path=self._path, error=why), logging.WARNING)
 
     def since(self, at: float) -> tuple[str, ...]:
         """The kernel's lines from ``at`` (CLOCK_MONOTONIC seconds) on, the newest GIVEN."""

@@ -12,10 +12,10 @@ was awake (``supervisor.core.watch``), so a rank gets the time it was owed.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import deque
 
 from supervisor.clock import Clock
+from supervisor.core.catalogue.services import DaemonStalled
 from supervisor.runtime.records.events import EventLog
 
 INTERVAL = 0.1  # seconds between ticks
@@ -71,5 +71,6 @@ class LoopWatch:
             return
         self.stalls.append((start, end))
         self.stalled_total += end - start
-        self._events.emit("daemon_stalled", logging.WARNING, seconds=round(end - start, 3),
-                          detail="not charged to the ranks' deadlines")  # fmt: skip
+        self._events.emit(
+            DaemonStalled(seconds=round(end - start, 3), detail="not charged to the ranks' deadlines")
+        )

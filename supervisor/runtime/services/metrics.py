@@ -25,7 +25,6 @@ of life, about the timeout for a hang and 0 for a crash; it is in
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 import sys
 import threading
@@ -33,6 +32,10 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from supervisor.config.metrics import MetricsConfig
+from supervisor.core.catalogue import decode
+from supervisor.core.catalogue.generation import Decision, GenerationStarted
+from supervisor.core.catalogue.ranks import RankHung
+from supervisor.core.catalogue.services import MetricsFailed, MetricsServing, MetricsUnavailable
 from supervisor.core.goodput import Ledger
 from supervisor.core.recovery import Recovery
 from supervisor.runtime.records.events import EventLog
@@ -171,12 +174,13 @@ class Metrics:
 
     def on_event(self, name: str, record: dict[str, Any]) -> None:
         self._ledger.add(name, record)
-        if name == "generation_started":
+        event = decode(record)  # typed: a renamed field fails mypy here, not a scrape
+        if isinstance(event, GenerationStarted):
             self._generations.inc()
-        elif name == "decision":
-            self._decisions.labels(*self._base, record["action"], record["reason"]).inc()
-        elif name == "rank_hung":
-            self._detection.labels(*self._base, record["kind"]).observe(record["late_by"])
+        elif isinstance(event, Decision):
+            self._decisions.labels(*self._base, event.action, event.reason).inc()
+        elif isinstance(event, RankHung):
+            self._detection.labels(*self._base, event.kind).observe(event.late_by)
         seconds = self._recovery_clock.add(name, record)
         if seconds is not None:
             self._recovery.observe(seconds)
@@ -191,7 +195,7 @@ class Metrics:
             except Exception as exc:  # an observer's bug must not end the run
                 if repr(exc) not in self._failures:
                     self._failures.add(repr(exc))
-                    self._events.emit("metrics_failed", logging.WARNING, error=repr(exc))
+                    self._events.emit(MetricsFailed(error=repr(exc)))
             await asyncio.sleep(REFRESH)
 
     def _families(self, status: Mapping[str, Any]) -> Iterator[Metric]:
@@ -287,11 +291,10 @@ def start_metrics(
     try:
         addr, port = metrics.serve(cfg.addr, cfg.port)
     except OSError as exc:
-        events.emit("metrics_unavailable", logging.WARNING, addr=cfg.addr, port=cfg.port,
-                    error=exc.strerror or str(exc))  # fmt: skip
+        events.emit(MetricsUnavailable(addr=cfg.addr, port=cfg.port, error=exc.strerror or str(exc)))
         return None
     events.listeners.append(metrics.on_event)
-    events.emit("metrics_serving", addr=addr, port=port, url=f"http://{_host(addr)}:{port}/metrics")
+    events.emit(MetricsServing(addr=addr, port=port, url=f"http://{_host(addr)}:{port}/metrics"))
     return metrics
 
 

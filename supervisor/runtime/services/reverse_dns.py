@@ -16,12 +16,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import ipaddress
-import logging
 import socket
 import time
 from collections.abc import Callable
 from typing import Any
 
+from supervisor.core.catalogue.services import ReverseDnsChecked, ReverseDnsSlow
 from supervisor.core.types import EventSink
 from supervisor.process.orphans import off_loop
 
@@ -102,7 +102,7 @@ async def check_reverse_dns(
         record = verdict(address, seconds, outcome)
         records.append(record)
         if record["slow"]:
-            events.emit("reverse_dns_slow", logging.WARNING, address=address, seconds=record["seconds"],
-                        outcome=outcome, fix=fix_for(address))  # fmt: skip
-    events.emit("reverse_dns_checked", logging.DEBUG, lookups=records)
+            events.emit(ReverseDnsSlow(address=address, seconds=record["seconds"], outcome=outcome,
+                                       fix=fix_for(address)))  # fmt: skip
+    events.emit(ReverseDnsChecked(lookups=records))
     return records

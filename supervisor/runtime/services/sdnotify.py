@@ -16,11 +16,11 @@ restarts the service: that is what the watchdog is for.
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 from collections.abc import MutableMapping
 from typing import Any
 
+from supervisor.core.catalogue.services import NotifyFailed
 from supervisor.core.notify import Narrator, notify_address, watchdog_interval
 from supervisor.runtime.records.events import EventLog
 
@@ -97,7 +97,7 @@ class SdNotify:
         if assignments and not self.notifier.send(*assignments) and failed == 0:
             # once: a missing socket fails every send alike (this event sends nothing)
             address = (self.notifier.address or "").replace("\0", "@", 1)
-            self._events.emit("notify_failed", logging.WARNING, address=address, error=self.notifier.error)
+            self._events.emit(NotifyFailed(address=address, error=self.notifier.error))
 
     def close(self) -> None:
         self.notifier.close()

@@ -1,0 +1,59 @@
+"""Events of a job across nodes: the rendezvous, the job-wide agreement, moves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from supervisor.core.catalogue.base import WARNING, Event
+
+
+class RendezvousJoined(Event, name="rendezvous_joined"):
+    """This node joined a rendezvous round: its node rank and the job's master."""
+
+    generation: int
+    round: int
+    node_rank: int
+    nnodes: int
+    master_addr: str
+    master_port: int
+    restarts_used: int
+
+
+class RendezvousLeaveFailed(Event, name="rendezvous_leave_failed", level=WARNING):
+    """This node could not tell the rendezvous it left (the others notice by timeout)."""
+
+    error: str
+
+
+class JobDecision(Event, name="job_decision"):
+    """The job-wide action the nodes agreed on, and each node's outcome."""
+
+    generation: int
+    action: str
+    outcomes: list[dict[str, Any]]
+
+
+class JobOver(Event, name="job_over", level=WARNING):
+    """The job ends on every node: the agreed action and why."""
+
+    action: str
+    reason: str
+    detail: str
+
+
+class PeerNews(Event, name="peer_news", level=WARNING):
+    """Another node failed or left: this node's generation ends too."""
+
+    generation: int
+    news: str
+    detail: str
+
+
+class NodeMoved(Event, name="node_moved"):
+    """This node's rank or the job's node count changed at a new round."""
+
+    generation: int
+    node_rank: int
+    nnodes: int
+    was_node_rank: int
+    was_nnodes: int
