@@ -27,9 +27,7 @@ from supervisor.config.run import RunConfig
 from supervisor.coord.job import LocalJob, RendezvousJob
 from supervisor.core.notable import nccl_tears_down
 from supervisor.core.topology import RunIdentity, token_entry
-from supervisor.process.orphans import OrphanGuard
 from supervisor.process.tail import LogFollower
-from supervisor.process.terminate import Signaller
 from supervisor.runtime.lifecycle import closing, deciding, signals, status
 from supervisor.runtime.lifecycle.commands import Commands
 from supervisor.runtime.lifecycle.ending import Ender
@@ -38,6 +36,7 @@ from supervisor.runtime.lifecycle.launcher import Launcher
 from supervisor.runtime.lifecycle.learned import LearnedFile
 from supervisor.runtime.lifecycle.loop import Loop
 from supervisor.runtime.lifecycle.monitor import Monitor
+from supervisor.runtime.lifecycle.processes import Processes
 from supervisor.runtime.lifecycle.running import Running
 from supervisor.runtime.lifecycle.stragglers import Stragglers
 from supervisor.runtime.records.events import EventLog
@@ -62,14 +61,15 @@ class Supervisor:
     def __init__(
         self, cfg: RunConfig, rundir: RunDir, logger: logging.Logger, console: log.Console, *,
         clock: Clock = SYSTEM, job: LocalJob | RendezvousJob | None = None,
-        signaller: Signaller | None = None,
+        processes: Processes | None = None,
     ) -> None:  # fmt: skip
-        """``clock``, ``job`` and ``signaller`` are the seams a test may fill: the time the
-        daemon reads and sleeps on, the other nodes of the job, the signals it sends."""
+        """``clock``, ``job`` and ``processes`` are the seams a test may fill: the time the
+        daemon reads and sleeps on, the other nodes of the job, the ranks' processes."""
         self.cfg, self.rundir, self.logger, self.clock = cfg, rundir, logger, clock
         self.token = secrets.token_hex(16)
         self._key_secret = secrets.token_bytes(32)  # never leaves the daemon
-        self._signaller = signaller or Signaller()
+        self.processes = processes = processes or Processes()
+        self._signaller = processes.signaller
         self._follower = LogFollower(console, tears_down=nccl_tears_down(os.environ))
         self._stopping, self._force = asyncio.Event(), asyncio.Event()
         self._started_at = clock.monotonic()
@@ -107,7 +107,8 @@ class Supervisor:
         self.monitor.on_save, self.monitor.advice = self.advice.saved, self.advice.describe
         self.health = NodeHealth(cfg.health, events, clock, cfg.run_id)
         self.kernel = KernelLog(events)
-        self.hosting = Hosting(cfg, events, self.monitor, logger, self._signaller)
+        self.hosting = Hosting(cfg, events, self.monitor, logger, self._signaller,
+                               adopt_orphans=processes.adopt_orphans)  # fmt: skip
         self.metrics = start_metrics(cfg.metrics, events, run_id=cfg.run_id, node=self.node, wall=clock.wall)
         self.checkpoints = CheckpointSync(cfg.checkpoint, events)  # a no-op without the options
         self.ident = RunIdentity(
@@ -119,6 +120,7 @@ class Supervisor:
             cfg=cfg, rundir=rundir, ident=self.ident, events=events, clock=clock, follower=self._follower,
             monitor=self.monitor, ranks_endpoint=self.endpoints.ranks, start_task=self._start_task,
             signaller=self._signaller, force=self._force, adopts=self.hosting.subreaper or self.hosting.pid1,
+            spawn=processes.spawn,
         )  # fmt: skip
         ender = Ender(cfg, monitor=self.monitor, events=events, clock=clock, follower=self._follower,
                       signaller=self._signaller, force=self._force, token=self.token,
@@ -135,7 +137,7 @@ class Supervisor:
         self._control_server = ControlServer(sockets.control, self.commands.control, events, clock)
 
     async def run(self) -> int:
-        guard = await OrphanGuard.start(token_entry(self.token))
+        guard = await self.processes.guard(token_entry(self.token))
         hosting = self.cfg.hosting
         handled = signals.install(self.commands.queue, self.cfg.stop_signals, hosting.reload_signals,
                                   hosting.forward_signals)  # fmt: skip

@@ -41,11 +41,15 @@ class Hosting:
         monitor: Monitor,
         logger: logging.Logger,
         signaller: Signaller,
+        *,
+        adopt_orphans: bool = True,
     ) -> None:
         """Call before any process is started: orphans must find the subreaper in place,
-        and nothing must inherit the notify socket."""
+        and nothing must inherit the notify socket. Without ``adopt_orphans`` (fake
+        ranks, in-process) the daemon neither adopts nor reaps anything."""
         self.pid1 = os.getpid() == 1
-        self.subreaper = not self.pid1 and become_subreaper()
+        self._adopts = adopt_orphans
+        self.subreaper = adopt_orphans and not self.pid1 and become_subreaper()
         self.notify = SdNotify.from_environ(os.environ, os.getpid(), events)
         self._cfg = cfg
         self._events = events
@@ -84,7 +88,8 @@ class Hosting:
         )
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.notify.watchdog())
-            tg.create_task(self._reap())
+            if self._adopts:
+                tg.create_task(self._reap())
 
     async def _reap(self) -> None:
         reaper = Reaper(self._ours)

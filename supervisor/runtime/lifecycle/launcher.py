@@ -33,13 +33,13 @@ from supervisor.process.bootstrap import may_leave_idle
 from supervisor.process.cgroups import Containment
 from supervisor.process.native import flight_recorder_env
 from supervisor.process.orphans import off_loop, sweep_generation
-from supervisor.process.spawn import spawn_rank
 from supervisor.process.tail import LogFollower
 from supervisor.process.terminate import Signaller, terminate
 from supervisor.runtime.lifecycle.ending import release
 from supervisor.runtime.lifecycle.forking import ForkServing
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
+from supervisor.runtime.lifecycle.processes import Spawn, spawn_rank
 from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.records.rundir import RunDir
 
@@ -68,6 +68,7 @@ class Launcher:
         signaller: Signaller,
         force: asyncio.Event,
         adopts: bool = False,
+        spawn: Spawn = spawn_rank,
     ) -> None:
         self.cfg = cfg
         self._rundir = rundir
@@ -79,6 +80,7 @@ class Launcher:
         self._ranks_endpoint = ranks_endpoint
         self._start_task = start_task
         self._signaller = signaller
+        self._spawn = spawn
         self._force = force
         self.topology = cfg.topology  # this node's place in the job, as of the last round
         self._containment: Containment | None = None  # the run's, found with the first generation
@@ -177,8 +179,8 @@ class Launcher:
                                       run_token=self._ident.run_token, standby=standby,
                                       containment=placement)  # fmt: skip
         if rank is None:
-            rank = await spawn_rank(self.cfg.program, slot, env, files, now=self._clock.monotonic(),
-                                    standby=standby, containment=placement)  # fmt: skip
+            rank = await self._spawn(self.cfg.program, slot, env, files, now=self._clock.monotonic(),
+                                     standby=standby, containment=placement)  # fmt: skip
         gen.add(rank)
         self._start_task(gen.watch(rank), f"watch-gen{gen.number}-rank{local_rank}")
         self._events.emit(
