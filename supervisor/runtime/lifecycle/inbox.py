@@ -86,10 +86,11 @@ class Inbox:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return False
-            self._receive(frames)
+            self.receive(frames)
         return True
 
-    def _receive(self, frames: list[bytes]) -> None:
+    def receive(self, frames: list[bytes]) -> None:
+        """One message as read from the socket: the sender's identity, then the payload."""
         self.received += 1
         try:
             message = self._admit(frames)

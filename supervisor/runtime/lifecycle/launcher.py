@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
@@ -94,9 +95,17 @@ class Launcher:
         rendezvous says otherwise, this node keeps the place it had last."""
         gen = Generation(number, self._clock, self._events, lambda rank: self._exited(number, rank))
         gen.topology = topology or self.topology
-        await self.containment()
-        for slot in gen.topology.slots():
-            await self._spawn_into(gen, slot.local_rank, standby=standby)
+        try:
+            await self.containment()
+            for slot in gen.topology.slots():
+                await self._spawn_into(gen, slot.local_rank, standby=standby)
+        except BaseException:
+            # stopped (or failed) part way: the ranks spawned so far never get their go, and
+            # nothing else holds them; no await here, a cancelled task must not wait
+            for rank in gen.ranks.values():
+                rank.close_boot()
+                self._signaller.group(rank.pid, signal.SIGKILL)
+            raise
         return gen
 
     async def containment(self) -> Containment:
