@@ -33,7 +33,7 @@ from supervisor.client.connection import init, is_active, shutdown
 from supervisor.client.saver import SaveCallback, Saver, SaveRequest
 from supervisor.client.timing import ddp_hook
 from supervisor.core.learning import Learned
-from supervisor.transport.schema import RequestAction
+from supervisor.transport.messages import RequestAction
 
 __all__ = [
     "RequestAction",

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from supervisor.transport.schema import RequestAction
+from supervisor.transport.messages import RequestAction
 
 
 @dataclass
