@@ -46,6 +46,43 @@ from supervisor.transport.messages import (
     WorkloadRequest,
 )
 
+# what callers import from here, the message values of ``messages`` among them
+__all__ = [
+    "CONTROL_COMMANDS",
+    "MAX_CAUSES",
+    "MAX_MESSAGE",
+    "MAX_SECTIONS",
+    "MAX_STEP_SECONDS",
+    "MAX_TRACEBACK",
+    "VERSION",
+    "AdviceQuery",
+    "Bye",
+    "Calculate",
+    "Checkpoint",
+    "ControlRequest",
+    "DropReason",
+    "Dropped",
+    "ExceptionReport",
+    "Heartbeat",
+    "Hello",
+    "Iteration",
+    "LoadTimeouts",
+    "NvrxServed",
+    "RankMessage",
+    "RequestAction",
+    "Saved",
+    "SaverReady",
+    "Section",
+    "SectionOp",
+    "Timing",
+    "WorkloadRequest",
+    "decode_control",
+    "decode_rank_message",
+    "decode_signed",
+    "encode",
+    "reply",
+]
+
 VERSION = 1
 MAX_MESSAGE = 1 << 20  # bytes; bigger messages are dropped as oversized
 
