@@ -56,15 +56,28 @@ What differs, on purpose:
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from supervisor import client
+from supervisor.client.nvrx_state import NVRX_KEY as NVRX_KEY  # noqa: PLC0414 - re-exported
+from supervisor.client.nvrx_state import OURS_KEY as OURS_KEY  # noqa: PLC0414 - megatron's
+from supervisor.client.nvrx_state import (
+    apply_learned,
+    as_mapping,
+    learned_from_state,
+    positive_seconds,
+    to_nvrx_state,
+)
+from supervisor.client.nvrx_types import (
+    ACTIONS,
+    ClientConfig,
+    HeartbeatTimeouts,
+    SectionTimeouts,
+    WorkloadAction,
+    WorkloadControlRequest,
+)
 from supervisor.core.learning import Learned
-from supervisor.transport.schema import RequestAction
 
 __all__ = [
     "ClientConfig",
@@ -80,181 +93,9 @@ __all__ = [
     "to_nvrx_state",
 ]
 
-NVRX_KEY = "current_timeouts"
-OURS_KEY = "ft_supervisor_timeouts"
-
 
 class RankMonitorClientError(Exception):
     pass
-
-
-@dataclass
-class HeartbeatTimeouts:
-    """NVRx's heartbeat timeouts: ``initial`` (to the first heartbeat), ``subsequent`` (between)."""
-
-    initial: float | None = None
-    subsequent: float | None = None
-    were_calculated: bool | None = None
-
-    @property
-    def are_valid(self) -> bool:
-        return self.initial is not None and self.subsequent is not None
-
-
-@dataclass
-class SectionTimeouts:
-    """NVRx's section timeouts; ``calculated_sections`` were learned, not configured."""
-
-    section: Mapping[str, float | None] = field(default_factory=dict)
-    out_of_section: float | None = None
-    calculated_sections: set[str] = field(default_factory=set)
-    is_out_of_section_calculated: bool = False
-
-    def __post_init__(self) -> None:
-        self.calculated_sections = set(self.calculated_sections)
-
-    @property
-    def were_calculated(self) -> bool:
-        return self.calculated_sections == set(self.section) and self.is_out_of_section_calculated
-
-    @property
-    def are_valid(self) -> bool:
-        return all(t is not None for t in self.section.values()) and self.out_of_section is not None
-
-
-@dataclass(frozen=True)
-class ClientConfig:
-    """The timeouts part of NVRx's ``FaultToleranceConfig`` (``RankMonitorClient.cfg``, which
-    NVRx's launcher hands its client at init): here those in force for this rank."""
-
-    initial_rank_heartbeat_timeout: float | None = None
-    rank_heartbeat_timeout: float | None = None
-    rank_section_timeouts: Mapping[str, float | None] = field(default_factory=dict)
-    rank_out_of_section_timeout: float | None = None
-
-
-class WorkloadAction(Enum):
-    """What a rank may ask of the launcher (NVRx's values)."""
-
-    Continue = 0  # NVRx's names
-    ExcludeThisNode = 1
-    ShutdownWorkload = 2
-
-
-# by name, so that NVRx's own WorkloadAction members map too
-_ACTIONS = {
-    WorkloadAction.Continue.name: RequestAction.CONTINUE,
-    WorkloadAction.ExcludeThisNode.name: RequestAction.EXCLUDE_NODE,
-    WorkloadAction.ShutdownWorkload.name: RequestAction.SHUTDOWN,
-}
-
-
-class WorkloadControlRequest:
-    def __init__(self, action: WorkloadAction, description: str = "<not set>") -> None:
-        self.action = action
-        self.description = description
-
-    def __str__(self) -> str:
-        return f"WorkloadControlRequest(action={self.action}, description={self.description})"
-
-
-# -- state mapping (pure) ---------------------------------------------------------------
-
-
-def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _seconds(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) and value > 0 else None
-
-
-def to_nvrx_state(timeouts: Mapping[str, Any]) -> dict[str, Any]:
-    """NVRx's state (``{"current_timeouts": ...}``) from ours (``client.state_dict()[OURS_KEY]``).
-
-    As NVRx does, only what was calculated (learned) is there: ``heartbeat`` when
-    either heartbeat timeout was learned, ``section`` when a section or the
-    out-of-section timeout was. Values are those in force.
-    """
-    learned = Learned.from_json(timeouts.get("learned"))
-    current: dict[str, Any] = {}
-    if learned.initial_heartbeat is not None or learned.heartbeat is not None:
-        current["heartbeat"] = {
-            "initial": _seconds(timeouts.get("initial_heartbeat")) or learned.initial_heartbeat,
-            "subsequent": _seconds(timeouts.get("heartbeat")) or learned.heartbeat,
-            "were_calculated": True,
-        }
-    in_force = {str(k): _seconds(v) for k, v in _mapping(timeouts.get("sections")).items()}
-    in_force.update({k: v for k, v in learned.sections.items() if k not in in_force})
-    if learned.sections or learned.out_of_section is not None:
-        current["section"] = {
-            "section": in_force,
-            "out_of_section": _seconds(timeouts.get("out_of_section")) or learned.out_of_section,
-            "calculated_sections": sorted(learned.sections),
-            "is_out_of_section_calculated": learned.out_of_section is not None,
-        }
-    return {NVRX_KEY: current}
-
-
-def _from_nvrx(current: Mapping[str, Any]) -> Learned:
-    """NVRx's calculated timeouts, which take precedence over the configuration there too."""
-    hb = current.get("heartbeat")
-    initial = heartbeat = None
-    if isinstance(hb, Mapping) and hb.get("were_calculated"):
-        initial, heartbeat = _seconds(hb.get("initial")), _seconds(hb.get("subsequent"))
-    sec = current.get("section")
-    sections: dict[str, float] = {}
-    out_of_section = None
-    if isinstance(sec, Mapping):
-        values = _mapping(sec.get("section"))
-        calculated = sec.get("calculated_sections")
-        for name in calculated if isinstance(calculated, list | tuple | set | frozenset) else ():
-            seconds = _seconds(values.get(name))
-            if seconds is not None:
-                sections[str(name)] = seconds
-        if sec.get("is_out_of_section_calculated"):
-            out_of_section = _seconds(sec.get("out_of_section"))
-    learned = Learned(initial, heartbeat, sections, out_of_section)
-    return Learned(initial, heartbeat, sections, out_of_section, frozenset(learned.keys()))
-
-
-def learned_from_state(state: object) -> Learned | None:
-    """Learned timeouts from a saved state: ours, or NVRx's; None if neither.
-
-    Ours is exact and preferred when both are there. Anything malformed inside
-    is skipped, never raised: a state file is input from an earlier run.
-    """
-    if not isinstance(state, Mapping):
-        return None
-    ours = state.get(OURS_KEY)
-    if isinstance(ours, Mapping):
-        return Learned.from_json(ours.get("learned"))
-    nvrx = state.get(NVRX_KEY)
-    if isinstance(nvrx, Mapping):
-        return _from_nvrx(nvrx)
-    return None
-
-
-def apply_learned(timeouts: Mapping[str, Any], learned: Learned) -> dict[str, Any]:
-    """Our timeouts view with ``learned`` in force where the view monitors something
-    (as the daemon applies it); all of it kept as learned."""
-    view = dict(timeouts)
-    for key, value in (
-        ("initial_heartbeat", learned.initial_heartbeat),
-        ("heartbeat", learned.heartbeat),
-        ("out_of_section", learned.out_of_section),
-    ):
-        if value is not None and view.get(key) is not None:
-            view[key] = value
-    sections = dict(_mapping(timeouts.get("sections")))
-    view["sections"] = {k: learned.sections.get(k, v) for k, v in sections.items()}
-    view["learned"] = learned.to_json()
-    return view
-
-
-# -- the client -------------------------------------------------------------------------
 
 
 class _Served:
@@ -269,7 +110,6 @@ def serve_as_nvrx(version: str | None) -> None:
     """Called by ``supervisor.client._nvrx_package``: the daemon hears of it at the first
     ``init_workload_monitoring`` (its ``nvrx_served`` event)."""
     _Served.as_nvrx, _Served.version = True, version
-
 
 
 class RankMonitorClient:
@@ -356,10 +196,10 @@ class RankMonitorClient:
             return None
         raw = self._view.get("sections")
         return ClientConfig(
-            initial_rank_heartbeat_timeout=_seconds(self._view.get("initial_heartbeat")),
-            rank_heartbeat_timeout=_seconds(self._view.get("heartbeat")),
-            rank_section_timeouts={str(k): _seconds(v) for k, v in _mapping(raw).items()},
-            rank_out_of_section_timeout=_seconds(self._view.get("out_of_section")),
+            initial_rank_heartbeat_timeout=positive_seconds(self._view.get("initial_heartbeat")),
+            rank_heartbeat_timeout=positive_seconds(self._view.get("heartbeat")),
+            rank_section_timeouts={str(k): positive_seconds(v) for k, v in as_mapping(raw).items()},
+            rank_out_of_section_timeout=positive_seconds(self._view.get("out_of_section")),
         )
 
     @property
@@ -368,8 +208,8 @@ class RankMonitorClient:
             return None
         learned = self._view.get("learned") or {}
         return HeartbeatTimeouts(
-            initial=_seconds(self._view.get("initial_heartbeat")),
-            subsequent=_seconds(self._view.get("heartbeat")),
+            initial=positive_seconds(self._view.get("initial_heartbeat")),
+            subsequent=positive_seconds(self._view.get("heartbeat")),
             were_calculated=learned.get("initial_heartbeat") is not None
             or learned.get("heartbeat") is not None,
         )
@@ -380,10 +220,10 @@ class RankMonitorClient:
             return None
         learned = self._view.get("learned") or {}
         raw = self._view.get("sections")
-        sections = {str(k): _seconds(v) for k, v in _mapping(raw).items()}
+        sections = {str(k): positive_seconds(v) for k, v in as_mapping(raw).items()}
         return SectionTimeouts(
             section=sections,
-            out_of_section=_seconds(self._view.get("out_of_section")),
+            out_of_section=positive_seconds(self._view.get("out_of_section")),
             calculated_sections={k for k in learned.get("sections") or {} if k in sections},
             is_out_of_section_calculated=learned.get("out_of_section") is not None,
         )
@@ -476,7 +316,7 @@ class RankMonitorClient:
     def send_workload_control_request(self, req: WorkloadControlRequest) -> None:
         """Ask the daemon for an outcome: continue, exclude this node, or shut the workload down."""
         name = getattr(getattr(req, "action", None), "name", None)
-        action = _ACTIONS.get(name) if isinstance(name, str) else None
+        action = ACTIONS.get(name) if isinstance(name, str) else None
         if action is None:
             raise RankMonitorClientError(f"not a WorkloadControlRequest with a WorkloadAction: {req!r}")
         client.request(action, str(req.description))

@@ -40,17 +40,9 @@ The daemon starts each rank as::
    (KIND ``script`` / ``module``), or exec it (KIND ``exec``, ``--no-python``: a new
    program, which 4 does not reach).
    FLAGS (comma separated): ``fast-exit`` skips the last GC passes at exit;
-   ``idle``: a standby, see 2; ``fork-server``: see below.
-
-With ``fork-server`` the process is not a rank but the node's fork server: after 2
-it says ``ready`` and then serves fork requests on BOOT_FD, one datagram each (the
-JSON of the rank's environment and cgroup, and three descriptors: the rank's boot
-channel, stdout and stderr). Each rank is a grandchild (fork, fork, the middle
-one exits) so that it is reparented to the daemon, its subreaper, which then
-waits for it like any child. The rank takes its own session, files, environment
-and cgroup, arms PDEATHSIG on the daemon, says ``pid N`` on its boot channel and
-goes on at 3 with the preload already paid: a node imports torch once, not once
-per rank per generation. EOF on BOOT_FD ends the server.
+   ``idle``: a standby, see 2; ``fork-server``: not a rank but the node's fork server,
+   which after 2 forks ranks that go on at 3 with the preload already paid
+   (``supervisor/process/bootstrap_forkserver.py``).
 
 Standard library only, and nothing imported here may reach the daemon's modules.
 """
@@ -340,88 +332,17 @@ def _restore_descriptors() -> None:
 
 
 def _serve_forks(fd: int, parent_pid: int) -> int:
-    """The fork server's loop (see the module's docstring). Returns only in a forked
-    rank, with its boot channel; the server itself exits at EOF."""
-    import socket  # noqa: PLC0415
+    """The fork server (``bootstrap_forkserver.py``, loaded by its path, in that mode only).
+    Returns only in a forked rank, with its boot channel; the server exits at EOF."""
+    import importlib.util  # noqa: PLC0415
 
-    sys.stdout.flush()
-    sys.stderr.flush()
-    server = socket.socket(fileno=fd)
-    server.setblocking(True)
-    device = _device_initialised()
-    if device:
-        # a fork cannot inherit a device context: CUDA refuses to run in the child
-        server.sendall(f"unforkable {device}\n".encode())
-        os._exit(0)
-    server.sendall(b"ready\n")
-    import gc  # noqa: PLC0415
-
-    while True:
-        # What the preload built is never garbage: out of the collector's sight, a rank's
-        # collections leave those pages shared instead of copying them (CPython's advice
-        # for a process that forks without exec)
-        gc.freeze()
-        try:
-            msg, fds, _, _ = socket.recv_fds(server, 1 << 20, 3)
-        except OSError:
-            msg, fds = b"", []
-        if not msg:
-            os._exit(0)
-        if len(fds) != 3:
-            for f in fds:
-                os.close(f)
-            continue
-        middle = os.fork()
-        if middle == 0:
-            server.close()
-            if os.fork() != 0:
-                os._exit(0)  # the rank is orphaned at once: the daemon adopts it
-            return _become_rank(json.loads(msg), fds, parent_pid)
-        for f in fds:
-            os.close(f)
-        try:
-            os.waitpid(middle, 0)
-        except ChildProcessError:
-            pass
-
-
-def _device_initialised() -> str:
-    """The accelerator the preload initialised in this process (``cuda``...), or ""."""
-    torch = sys.modules.get("torch")
-    for name in ("cuda", "xpu"):
-        backend = getattr(torch, name, None)
-        try:
-            if backend is not None and backend.is_initialized():
-                return name
-        except Exception:  # noqa: S112 - a backend that cannot say has not been set up by us
-            continue
-    return ""
-
-
-def _become_rank(request: dict[str, object], fds: list[int], parent_pid: int) -> int:
-    import time  # noqa: PLC0415
-
-    boot, out, err = fds
-    os.setsid()  # its own session and process group, as a spawned rank has
-    null = os.open(os.devnull, os.O_RDONLY)
-    for source, target in ((null, 0), (out, 1), (err, 2)):
-        os.dup2(source, target)
-        os.close(source)
-    env = request.get("env")
-    os.environ.clear()
-    os.environ.update({str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {})
-    _join(str(request.get("cgroup") or ""))
-    deadline = time.monotonic() + 10.0
-    while os.getppid() != parent_pid and time.monotonic() < deadline:
-        time.sleep(0.001)  # the middle process is exiting; the daemon adopts us then
-    _die_with_parent(parent_pid)
-    _restore_descriptors()
-    # What a fresh interpreter would have drawn anew (the random module reseeds itself)
-    numpy_random = sys.modules.get("numpy.random")
-    if numpy_random is not None:
-        numpy_random.seed()
-    os.write(boot, f"pid {os.getpid()}\n".encode())
-    return boot
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap_forkserver.py")
+    spec = importlib.util.spec_from_file_location("_ft_supervisor_bootstrap_forkserver", path)
+    assert spec is not None and spec.loader is not None
+    server = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(server)
+    steps = {"join": _join, "die_with_parent": _die_with_parent, "restore_descriptors": _restore_descriptors}
+    return int(server.serve_forks(fd, parent_pid, **steps))
 
 
 def main(argv: list[str]) -> None:
