@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal as _signal
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from supervisor.core.watch import Hang
 
@@ -195,6 +195,4 @@ class EventSink(Protocol):
     """Where an adapter reports what it did: the daemon's event log, as a seam
     (the adapters never import the runtime)."""
 
-    def emit(
-        self, event: Event | str, level: int | None = ..., *, quiet: tuple[str, ...] = (), **fields: Any
-    ) -> None: ...
+    def emit(self, event: Event, level: int | None = ...) -> None: ...

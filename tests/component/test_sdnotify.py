@@ -13,11 +13,21 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from supervisor.clock import Clock
+from supervisor.core.catalogue import Event
+from supervisor.core.catalogue.daemon import (
+    ConfigReloaded,
+    ReloadFailed,
+    ReloadRequested,
+    RunFinished,
+    RunStarted,
+    StopRequested,
+)
+from supervisor.core.catalogue.generation import Decision, GenerationStarted
+from supervisor.core.catalogue.ranks import RankSpawned
 from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.services.sdnotify import Notifier, SdNotify
 
@@ -45,6 +55,24 @@ def _drained(sock: socket.socket) -> list[str]:
         while True:
             got.append(sock.recv(4096).decode())
     return got
+
+
+def _started(generation: int) -> GenerationStarted:
+    return GenerationStarted(
+        generation=generation,
+        master_addr="127.0.0.1",
+        master_port=29500,
+        node_rank=None,
+        nnodes=None,
+        standby_ranks=0,
+        standby_ready=0,
+    )
+
+
+def _spawned(generation: int, local_rank: int, pid: int, *, standby: bool = False) -> RankSpawned:
+    return RankSpawned(
+        generation=generation, rank=local_rank, local_rank=local_rank, pid=pid, standby=standby, forked=False
+    )
 
 
 def _events(tmp_path: Path) -> EventLog:
@@ -84,7 +112,7 @@ def test_without_notify_socket_everything_is_a_no_op(tmp_path: Path) -> None:
     events = _events(tmp_path)
     sd = SdNotify.from_environ({"WATCHDOG_USEC": "1000"}, os.getpid(), events)
     events.listeners.append(sd.hear)
-    events.emit("generation_started", generation=0)
+    events.emit(_started(0))
     assert not sd.notifier.send("READY=1")
     assert sd.watchdog_interval is None  # nobody to ping
     assert asyncio.run(asyncio.wait_for(sd.watchdog(), 5)) is None  # returns at once
@@ -115,35 +143,49 @@ def test_the_lifecycle_reaches_the_socket_from_the_event_log(
     sd = SdNotify(Notifier(path), None, events)
     events.listeners.append(sd.hear)
 
-    def said(event: str, **fields: Any) -> list[str]:
-        events.emit(event, **fields)
+    def said(event: Event) -> list[str]:
+        events.emit(event)
         return _drained(sock)  # the send is synchronous: whatever it sent is queued already
 
-    assert said("run_started", pid=1) == ["STATUS=starting"]
+    started = RunStarted(run_dir=str(tmp_path), pid=1, control="ipc://c", nproc_per_node=2, max_restarts=3,
+                         program="train.py", standby=False, preload=None, timeouts={}, policy={},
+                         restart_window=None)  # fmt: skip
+    assert said(started) == ["STATUS=starting"]
     for lr in (0, 1):
-        assert said("rank_spawned", generation=0, local_rank=lr, pid=100 + lr) == []  # not up yet
-    assert said("generation_started", generation=0) == ["READY=1\nSTATUS=running generation 0 with 2 ranks"]
-    assert said("decision", generation=0, action="restart", reason="rank_failed") == [
-        "STATUS=restarting after rank_failed (generation 0)"
-    ]
+        assert said(_spawned(0, lr, 100 + lr)) == []  # not up yet
+    assert said(_started(0)) == ["READY=1\nSTATUS=running generation 0 with 2 ranks"]
+    decision = Decision(
+        generation=0,
+        action="restart",
+        reason="rank_failed",
+        detail="rank 1 exited 1",
+        rule=None,
+        category=None,
+        rank=1,
+        classifier=None,
+        lines=None,
+        restarts_used=1,
+    )
+    assert said(decision) == ["STATUS=restarting after rank_failed (generation 0)"]
     for lr in (0, 1):
-        said("rank_spawned", generation=1, local_rank=lr, pid=200 + lr, standby=True)
+        said(_spawned(1, lr, 200 + lr, standby=True))
     # READY only once
-    assert said("generation_started", generation=1) == ["STATUS=running generation 1 with 2 ranks"]
-    (reloading,) = said("reload_requested", path="/etc/ft.yaml")
+    assert said(_started(1)) == ["STATUS=running generation 1 with 2 ranks"]
+    (reloading,) = said(ReloadRequested(path="/etc/ft.yaml"))
     lines = reloading.split("\n")
     usec = int(lines[1].removeprefix("MONOTONIC_USEC="))
     assert lines[0] == "RELOADING=1" and 0 <= time.monotonic_ns() // 1000 - usec < 5_000_000
     assert lines[2:] == ["STATUS=reloading /etc/ft.yaml"]
-    assert said("config_reloaded", path="/etc/ft.yaml") == [
-        "READY=1\nSTATUS=running generation 1 with 2 ranks"
-    ]
-    assert said("reload_failed", path="/etc/ft.yaml", error="config file /etc/ft.yaml: not valid YAML") == [
+    reloaded = ConfigReloaded(path="/etc/ft.yaml", changed=None, not_applied=None, timeouts={})
+    assert said(reloaded) == ["READY=1\nSTATUS=running generation 1 with 2 ranks"]
+    assert said(ReloadFailed(path="/etc/ft.yaml", error="config file /etc/ft.yaml: not valid YAML")) == [
         "READY=1\nSTATUS=running generation 1 with 2 ranks; reload failed: "
         "config file /etc/ft.yaml: not valid YAML"
     ]
-    assert said("stop_requested", signal="SIGTERM") == ["STOPPING=1\nSTATUS=stopping on SIGTERM"]
-    assert said("run_finished", exit_code=143) == ["STATUS=finished, exit code 143"]  # STOPPING once
+    assert said(StopRequested(signal="SIGTERM")) == ["STOPPING=1\nSTATUS=stopping on SIGTERM"]
+    finished = RunFinished(exit_code=143, restarts_used=1, seconds=2.0, daemon_max_rss_kb=1, daemon_cpu_s=0.1,
+                           run_dir=str(tmp_path))  # fmt: skip
+    assert said(finished) == ["STATUS=finished, exit code 143"]  # STOPPING once
     events.close()
     sd.close()
 
@@ -152,8 +194,8 @@ def test_notify_failure_is_reported_once_and_the_listener_stays(tmp_path: Path) 
     events = _events(tmp_path)
     sd = SdNotify(Notifier(str(tmp_path / "absent.sock")), None, events)
     events.listeners.append(sd.hear)
-    events.emit("generation_started", generation=0)
-    events.emit("stop_requested", signal="SIGINT")
+    events.emit(_started(0))
+    events.emit(StopRequested(signal="SIGINT"))
     events.close()
     sd.close()
     assert sd.hear in events.listeners

@@ -8,7 +8,7 @@ from supervisor.core.catalogue.base import DEBUG, WARNING, Event
 class CheckpointReported(Event, name="checkpoint_reported", level=DEBUG):
     """A rank reported a checkpoint save (started or finished)."""
 
-    generation: int
+    generation: int | None
     rank: int
     checkpoint: str
     iteration: int | None

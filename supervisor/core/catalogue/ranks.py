@@ -21,7 +21,7 @@ class RankSpawned(Event, name="rank_spawned", level=DEBUG):
 class RankConnected(Event, name="rank_connected", level=DEBUG):
     """A rank's client connected to the daemon's monitor socket."""
 
-    generation: int
+    generation: int | None
     rank: int
     pid: int | None
     stack_dumps: bool
@@ -63,7 +63,7 @@ class RankExitStuck(Event, name="rank_exit_stuck", level=WARNING):
     # with after=peers_succeeded only: where it is stuck, and whether its work was done
     where: list[str] | None = None
     teardown: bool | None = None
-    finished: bool | None = None
+    finished: str | None = None  # why its own reports say it finished its work
     success: bool | None = None
     why: str | None = None
     iteration: int | None = None
@@ -97,7 +97,7 @@ class DeadlineMissed(Event, name="deadline_missed", level=WARNING):
     kind: str
     section: str | None
     open_for: float
-    timeout: float
+    timeout: float | None
     late_by: float
 
 
@@ -110,7 +110,7 @@ class DeadlineIgnored(Event, name="deadline_ignored"):
     kind: str
     section: str | None
     open_for: float
-    timeout: float
+    timeout: float | None
     late_by: float
 
 
@@ -122,7 +122,7 @@ class RankHung(Event, name="rank_hung", level=WARNING):
     kind: str
     section: str | None
     open_for: float
-    timeout: float
+    timeout: float | None
     late_by: float
     deadline_rank: int
     blamed_by: str
@@ -134,7 +134,7 @@ class RankHung(Event, name="rank_hung", level=WARNING):
 class RankStepping(Event, name="rank_stepping", level=DEBUG):
     """A rank completed its first training step of the generation."""
 
-    generation: int
+    generation: int | None
     rank: int
     iteration: int | None
 
@@ -142,7 +142,7 @@ class RankStepping(Event, name="rank_stepping", level=DEBUG):
 class ChildException(Event, name="child_exception", level=DEBUG):
     """A rank's process reported an uncaught exception before it exits."""
 
-    generation: int
+    generation: int | None
     rank: int
     pid: int | None
     exc_type: str
@@ -152,7 +152,7 @@ class ChildException(Event, name="child_exception", level=DEBUG):
 class ExceptionReported(Event, name="exception_reported", level=DEBUG):
     """A rank reported an exception through the client."""
 
-    generation: int
+    generation: int | None
     rank: int
     exc_type: str
     message: str
@@ -172,7 +172,7 @@ class StacksDumped(Event, name="stacks_dumped", quiet=("stacks",)):
 class HeartbeatsUnmonitored(Event, name="heartbeats_unmonitored", level=WARNING):
     """A rank sends heartbeats but no heartbeat timeout is in force."""
 
-    generation: int
+    generation: int | None
     rank: int
     detail: str
 
@@ -180,7 +180,7 @@ class HeartbeatsUnmonitored(Event, name="heartbeats_unmonitored", level=WARNING)
 class NvrxServed(Event, name="nvrx_served"):
     """A rank uses nvidia-resiliency-ext's client, served by this daemon."""
 
-    generation: int
+    generation: int | None
     rank: int
     version: str | None
     detail: str
@@ -189,7 +189,7 @@ class NvrxServed(Event, name="nvrx_served"):
 class WorkloadRequest(Event, name="workload_request", level=WARNING):
     """A rank asked for an action (restart, reschedule, abort)."""
 
-    generation: int
+    generation: int | None
     rank: int
     action: str
     reason: str
@@ -214,7 +214,7 @@ class MessageDropped(Event, name="message_dropped", level=WARNING):
 class TimeoutsCalculated(Event, name="timeouts_calculated"):
     """A rank's timeouts were learned from its own steps and sections."""
 
-    generation: int
+    generation: int | None
     rank: int
     learned: dict[str, Any]
     in_force: dict[str, Any]
@@ -230,16 +230,16 @@ class TimeoutsRestored(Event, name="timeouts_restored"):
 class StragglerScoring(Event, name="straggler_scoring", level=DEBUG):
     """The straggler detector's measurements of a generation's ranks."""
 
-    generation: int
+    generation: int | None
     ranks: list[int]
-    measured: dict[str, Any]
+    measured: list[int]  # ranks whose clients measure their steps (waits taken out)
     reference: float
 
 
 class StragglerDetected(Event, name="straggler_detected", level=WARNING):
     """A rank is persistently slower than its peers."""
 
-    generation: int
+    generation: int | None
     rank: int
     node: str
     score: float
@@ -254,7 +254,7 @@ class StragglerDetected(Event, name="straggler_detected", level=WARNING):
 class StragglerCleared(Event, name="straggler_cleared"):
     """A rank flagged as a straggler keeps pace again."""
 
-    generation: int
+    generation: int | None
     rank: int
     node: str
     score: float

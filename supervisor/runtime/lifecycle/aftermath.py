@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from supervisor.core.blame import Suspect
+from supervisor.core.catalogue.ranks import StacksDumped
 from supervisor.core.errorfile import order_failures
 from supervisor.core.evidence import Part, part_of
 from supervisor.core.stacks import Reading, Where, read
@@ -41,14 +42,14 @@ async def collect_stacks(
         reading = read(text) or Reading(Where.STOPPED, (), "did not answer the stack dump")
         found[lr] = reading
         events.emit(
-            "stacks_dumped",
-            generation=gen.number,
-            rank=rank.slot.rank,
-            where=reading.where.name.lower(),
-            lines=text.count("\n"),
-            log=str(rank.files.stderr),
-            stacks=text,
-            quiet=("stacks",),  # the console shows them already, from the rank's log
+            StacksDumped(
+                generation=gen.number,
+                rank=rank.slot.rank,
+                where=reading.where.name.lower(),
+                lines=text.count("\n"),
+                log=str(rank.files.stderr),
+                stacks=text,  # quiet: the console shows them already, from the rank's log
+            ),
         )
     for lr in stopped:
         found[lr] = Reading(Where.STOPPED, (), "stopped (SIGSTOP, or a debugger)")

@@ -14,7 +14,6 @@ the restart); written off the loop; ``reason.json`` points to it.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ import orjson
 
 from supervisor.clock import Clock
 from supervisor.core.blame import Blame
+from supervisor.core.catalogue.generation import HangBundle, HangBundleUnwritable
 from supervisor.core.flight import behind, enqueued, summarize
 from supervisor.core.stacks import Reading
 from supervisor.core.watch import Hang
@@ -232,18 +232,19 @@ async def _store(
         await asyncio.wait_for(asyncio.to_thread(_write, where, manifest, files), WRITE_TIMEOUT)
     except (OSError, TimeoutError) as exc:
         why = f"not written within {WRITE_TIMEOUT:g} s" if isinstance(exc, TimeoutError) else exc.strerror
-        events.emit("hang_bundle_unwritable", logging.WARNING, generation=gen.number, path=str(where),
-                    error=why or str(exc))  # fmt: skip
+        events.emit(HangBundleUnwritable(generation=gen.number, path=str(where),
+                                         error=why or str(exc)))  # fmt: skip
         return None
     events.emit(
-        "hang_bundle",
-        generation=gen.number,
-        path=str(where),
-        ranks=len(entries),
-        native=sum(1 for e in entries if e["native_stacks"]),
-        native_error=next((e["native_error"] for e in entries if e["native_error"]), None),
-        flight_recorder=sum(1 for e in entries if e["flight_recorder"]),
-        flight_recorder_behind=late or None,
-        seconds=round(got.seconds, 3),
+        HangBundle(
+            generation=gen.number,
+            path=str(where),
+            ranks=len(entries),
+            native=sum(1 for e in entries if e["native_stacks"]),
+            native_error=next((e["native_error"] for e in entries if e["native_error"]), None),
+            flight_recorder=sum(1 for e in entries if e["flight_recorder"]),
+            flight_recorder_behind=late or None,
+            seconds=round(got.seconds, 3),
+        ),
     )
     return where

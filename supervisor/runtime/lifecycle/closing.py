@@ -10,6 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.config.run import RunConfig
+from supervisor.core.catalogue.daemon import (
+    FinishedFlagUnwritable,
+    FinishedFlagWritten,
+    ReasonUnwritable,
+    ReasonWritten,
+    RunFinished,
+)
+from supervisor.core.catalogue.generation import ErrorLogsUnwritable, ErrorLogsWritten
 from supervisor.core.types import Action
 from supervisor.runtime.lifecycle import autoresume
 from supervisor.runtime.lifecycle.deciding import Judgement
@@ -41,21 +49,20 @@ def close_run(
     if code == EXIT_SUCCESS and completed and cfg.autoresume and cfg.finished_flag is not None:
         try:
             autoresume.mark_finished(cfg.finished_flag, cfg.run_id)
-            events.emit("finished_flag_written", path=str(cfg.finished_flag))
+            events.emit(FinishedFlagWritten(path=str(cfg.finished_flag)))
         except OSError as exc:
-            events.emit(
-                "finished_flag_unwritable", logging.ERROR, path=str(cfg.finished_flag), error=str(exc)
-            )
+            events.emit(FinishedFlagUnwritable(path=str(cfg.finished_flag), error=str(exc)))
     usage = resource.getrusage(resource.RUSAGE_SELF)
     events.emit(
-        "run_finished",
+        RunFinished(
+            exit_code=code,
+            restarts_used=restarts_used,
+            seconds=round(seconds, 3),
+            daemon_max_rss_kb=usage.ru_maxrss,
+            daemon_cpu_s=round(usage.ru_utime + usage.ru_stime, 3),
+            run_dir=str(rundir.root),
+        ),
         logging.INFO if code == EXIT_SUCCESS else logging.WARNING,
-        exit_code=code,
-        restarts_used=restarts_used,
-        seconds=round(seconds, 3),
-        daemon_max_rss_kb=usage.ru_maxrss,
-        daemon_cpu_s=round(usage.ru_utime + usage.ru_stime, 3),
-        run_dir=str(rundir.root),
     )
     events.publish = None
     events.close()
@@ -74,10 +81,10 @@ def tell(
     try:
         written = outcome.error_logs(prefix, evidence, c, decision)
     except OSError as exc:
-        events.emit("error_logs_unwritable", logging.WARNING, prefix=prefix, error=str(exc))
+        events.emit(ErrorLogsUnwritable(prefix=prefix, error=str(exc)))
         return
     if written:
-        events.emit("error_logs_written", files=[str(p) for p in written])
+        events.emit(ErrorLogsWritten(files=[str(p) for p in written]))
 
 
 def reason(
@@ -130,6 +137,6 @@ def _write_reason(content: dict[str, Any], cfg: RunConfig, events: EventLog, run
     try:
         outcome.write_reason(path, content)
     except OSError as exc:
-        events.emit("reason_unwritable", logging.WARNING, path=str(path), error=str(exc))
+        events.emit(ReasonUnwritable(path=str(path), error=str(exc)))
         return
-    events.emit("reason_written", path=str(path), outcome=content["outcome"], rule=content["rule"])
+    events.emit(ReasonWritten(path=str(path), outcome=content["outcome"], rule=content["rule"]))

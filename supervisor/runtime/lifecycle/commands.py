@@ -8,6 +8,8 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+from supervisor.core.catalogue.daemon import Status, StopForced, StopRequested
+from supervisor.core.catalogue.generation import RestartRequested
 from supervisor.core.types import signal_name
 from supervisor.runtime.lifecycle import signals
 from supervisor.runtime.lifecycle.hosting import Hosting
@@ -32,16 +34,16 @@ class Commands:
             elif isinstance(command, signals.Reload | signals.Forward):
                 self._hosting.handle(command, self._loop.current)
             else:
-                self._events.emit("status", **self._status())
+                self._events.emit(Status(**self._status()))
 
     def _stop(self, signum: int) -> None:
         """The first stop signal stops the run; a second SIGINT skips the graces."""
         if self._loop.stop_signal is None:
             self._loop.stop_signal = signum
-            self._events.emit("stop_requested", signal=signal_name(signum))
+            self._events.emit(StopRequested(signal=signal_name(signum)))
             self._stopping.set()
         elif signum == signal.SIGINT and not self._force.is_set():
-            self._events.emit("stop_forced", signal=signal_name(signum))
+            self._events.emit(StopForced(signal=signal_name(signum)))
             self._force.set()
 
     def control(self, command: str) -> Any:
@@ -53,7 +55,7 @@ class Commands:
             gen = self._loop.current
             if gen is None or gen.ended.is_set():
                 raise RuntimeError("no running generation to restart")
-            self._events.emit("restart_requested", generation=gen.number)
+            self._events.emit(RestartRequested(generation=gen.number))
             gen.request_restart()
             return {"restarting": gen.number}
         return self._status()

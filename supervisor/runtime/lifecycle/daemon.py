@@ -143,9 +143,7 @@ class Supervisor:
                                   hosting.forward_signals)  # fmt: skip
         self.endpoints.publish_info(pid=os.getpid(), run_id=self.cfg.run_id, run_dir=str(self.rundir.root),
                                     started=self.clock.wall(), log_dir=str(self.cfg.log_dir))  # fmt: skip
-        self.events.emit(
-            "run_started", **status.run_started(self.cfg, self.rundir, self.endpoints, self.monitor)
-        )
+        self.events.emit(status.run_started(self.cfg, self.rundir, self.endpoints, self.monitor))
         status.announce_settings(self.cfg, self.events)
         deciding.announce(self.plugins, self.cfg, self.events)
         self.kernel.start()

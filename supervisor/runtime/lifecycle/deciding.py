@@ -12,13 +12,13 @@ that changes it returns a new one.
 
 from __future__ import annotations
 
-import logging
 import socket
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from supervisor.config.run import RunConfig
+from supervisor.core.catalogue import generation as ev
+from supervisor.core.catalogue.generation import PluginFailed, PluginsLoaded
 from supervisor.core.classify import Classification
 from supervisor.core.errorfile import order_failures
 from supervisor.core.evidence import Evidence, Part, part_of
@@ -158,28 +158,28 @@ def judge(
     return Judgement(evidence, classification, decision, bundle), memory
 
 
-def fields(judgement: Judgement, restarts_used: int) -> dict[str, Any]:
-    """The ``decision`` event's fields."""
+def decision_event(judgement: Judgement, restarts_used: int) -> ev.Decision:
+    """The ``decision`` event."""
     evidence, c, decision = judgement.evidence, judgement.classification, judgement.decision
-    return {
-        "generation": evidence.generation,
-        "action": str(decision.action),
-        "reason": str(decision.reason),
-        "detail": decision.detail,
-        "rule": None if c is None else c.rule,
-        "category": None if c is None else c.category,
-        "rank": None if c is None else c.rank,
-        "classifier": None if c is None else c.source,
-        "lines": None if c is None else list(c.lines),
-        "restarts_used": restarts_used,
-    }
+    return ev.Decision(
+        generation=evidence.generation,
+        action=str(decision.action),
+        reason=str(decision.reason),
+        detail=decision.detail,
+        rule=None if c is None else c.rule,
+        category=None if c is None else c.category,
+        rank=None if c is None else c.rank,
+        classifier=None if c is None else c.source,
+        lines=None if c is None else list(c.lines),
+        restarts_used=restarts_used,
+    )
 
 
 def plugins(cfg: RunConfig, events: EventLog) -> Registry:
     """The classifier plugins (the built-in rules among them), configured with the run's rules."""
 
     def problem(p: Problem) -> None:
-        events.emit("plugin_failed", logging.ERROR, plugin=p.plugin, stage=p.stage, error=p.error)
+        events.emit(PluginFailed(plugin=p.plugin, stage=p.stage, error=p.error))
 
     registry = Registry(disabled=cfg.policy.disabled_plugins, report=problem)
     registry.configure(PluginSettings(rules=cfg.policy.rules))
@@ -188,9 +188,10 @@ def plugins(cfg: RunConfig, events: EventLog) -> Registry:
 
 def announce(registry: Registry, cfg: RunConfig, events: EventLog) -> None:
     events.emit(
-        "plugins_loaded",
-        plugins=[p.name for p in registry.loaded],
-        disabled=registry.disabled or None,
-        failed=[p.plugin for p in registry.problems] or None,
-        rule_files=list(cfg.policy.rule_files) or None,
+        PluginsLoaded(
+            plugins=[p.name for p in registry.loaded],
+            disabled=registry.disabled or None,
+            failed=[p.plugin for p in registry.problems] or None,
+            rule_files=list(cfg.policy.rule_files) or None,
+        ),
     )

@@ -5,12 +5,14 @@ by token), the cgroup's removal, and what the generation taught (learned timeout
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 from collections.abc import Callable
 
 from supervisor.clock import Clock
 from supervisor.config.run import RunConfig
+from supervisor.core.catalogue.generation import CgroupNotEmpty, TimeoutsLearned
+from supervisor.core.catalogue.generation import GenerationEnded as GenerationEndedEvent
+from supervisor.core.catalogue.ranks import RankUnkillable
 from supervisor.core.jobwide import PeerNews
 from supervisor.core.learning import Learned, learn, observe
 from supervisor.core.topology import token_entry
@@ -32,7 +34,7 @@ async def release(gen: Generation, events: EventLog, timeout: float) -> None:
     at the daemon's exit, or the next daemon in this cgroup once it is empty."""
     busy = await release_generation(list(gen.ranks.values()), timeout)
     for path, pids in busy.items():
-        events.emit("cgroup_not_empty", logging.ERROR, generation=gen.number, cgroup=path, pids=pids)
+        events.emit(CgroupNotEmpty(generation=gen.number, cgroup=path, pids=pids))
 
 
 class Ender:
@@ -93,22 +95,23 @@ class Ender:
         self._learn(gen)
         if report.unkillable:
             self._events.emit(
-                "rank_unkillable",
-                logging.ERROR,
-                generation=gen.number,
-                local_ranks=list(report.unkillable),
-                pids=[gen.ranks[lr].pid for lr in report.unkillable],
-                kill_timeout=cfg.kill_timeout,
+                RankUnkillable(
+                    generation=gen.number,
+                    local_ranks=list(report.unkillable),
+                    pids=[gen.ranks[lr].pid for lr in report.unkillable],
+                    kill_timeout=cfg.kill_timeout,
+                ),
             )
         self._events.emit(
-            "generation_ended",
-            generation=gen.number,
-            result=str(gen.result),
-            signalled=len(report.signalled),
-            killed=len(report.killed),
-            swept=report.swept or None,
-            seconds=round(report.seconds, 3),
-            iteration=max(self._monitor.iterations(), default=None),
+            GenerationEndedEvent(
+                generation=gen.number,
+                result=str(gen.result),
+                signalled=len(report.signalled),
+                killed=len(report.killed),
+                swept=report.swept or None,
+                seconds=round(report.seconds, 3),
+                iteration=max(self._monitor.iterations(), default=None),
+            ),
         )
         return freeze(gen, self._monitor, report, news=news, reported=reported)
 
@@ -126,5 +129,5 @@ class Ender:
             return
         monitor.set_learned(new)
         self._persist(new, gen.number)
-        self._events.emit("timeouts_learned", generation=gen.number, learned=new.to_json(),
-                          in_force=monitor.in_force())  # fmt: skip
+        self._events.emit(TimeoutsLearned(generation=gen.number, learned=new.to_json(),
+                                          in_force=monitor.in_force()))  # fmt: skip

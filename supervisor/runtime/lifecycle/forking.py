@@ -22,6 +22,8 @@ from typing import Any
 
 from supervisor.clock import Clock
 from supervisor.config.run import RunConfig
+from supervisor.core.catalogue.generation import ForkServer as ForkServerEvent
+from supervisor.core.catalogue.generation import ForkServerLost
 from supervisor.core.topology import ENV_TOKEN, RankSlot, Topology
 from supervisor.process.cgroups import Containment
 from supervisor.process.forkserver import ForkServer
@@ -71,7 +73,7 @@ class ForkServing:
         self._why_not = why
         if not self._told:
             self._told = True
-            self._events.emit("fork_server", level, mode="off", why=why)
+            self._events.emit(ForkServerEvent(mode="off", why=why), level)
 
     async def fork(
         self,
@@ -98,8 +100,8 @@ class ForkServing:
             return await server.fork(slot, env, files, now=self._clock.monotonic(), standby=standby,
                                      containment=containment)  # fmt: skip
         except OSError as exc:
-            self._events.emit("fork_server_lost", logging.WARNING, pid=server.pid,
-                              returncode=server.proc.returncode, error=str(exc))  # fmt: skip
+            self._events.emit(ForkServerLost(pid=server.pid,
+                                             returncode=server.proc.returncode, error=str(exc)))  # fmt: skip
             self._why_not = self._why_not or "the fork server was lost"
             self._told = True
             return None
@@ -127,8 +129,14 @@ class ForkServing:
             self._server = server
             self._told = True
             self._ready_after = round(self._clock.monotonic() - since, 3)
-            self._events.emit("fork_server", mode="on", pid=server.pid,
-                              modules=list(self._cfg.program.preload), seconds=self._ready_after)  # fmt: skip
+            self._events.emit(
+                ForkServerEvent(
+                    mode="on",
+                    pid=server.pid,
+                    modules=list(self._cfg.program.preload),
+                    seconds=self._ready_after,
+                )
+            )
             return server
 
     def describe(self) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ import logging
 import secrets
 
 from supervisor.clock import Clock
+from supervisor.core.catalogue.checkpoints import SaveFinished, SaveRequested
 from supervisor.process.spawn import RankProcess
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
@@ -50,22 +51,23 @@ async def ask_to_save(
             asked[request_id] = rank
     if not asked:
         return
-    events.emit("save_requested", generation=gen.number, ranks=sorted(r.slot.rank for r in asked.values()),
-                deadline=deadline, why=why)  # fmt: skip
+    events.emit(SaveRequested(generation=gen.number, ranks=sorted(r.slot.rank for r in asked.values()),
+                              deadline=deadline, why=why))  # fmt: skip
     await _answers(asked, monitor, started + deadline, clock, force)
     answers = {rid: monitor.saves.get(rid) for rid in asked}
     saved = sorted(asked[rid].slot.rank for rid, a in answers.items() if a is not None and a.ok)
     failed = {str(asked[rid].slot.rank): a.error for rid, a in answers.items() if a is not None and not a.ok}
     silent = sorted(asked[rid].slot.rank for rid, a in answers.items() if a is None)
     events.emit(
-        "save_finished",
+        SaveFinished(
+            generation=gen.number,
+            saved=saved,
+            failed=failed or None,
+            # no answer: the deadline passed, the rank exited first, or a second Ctrl-C forced the stop
+            unanswered=silent or None,
+            seconds=round(clock.monotonic() - started, 3),
+        ),
         logging.INFO if not failed and not silent else logging.WARNING,
-        generation=gen.number,
-        saved=saved,
-        failed=failed or None,
-        # no answer: the deadline passed, the rank exited first, or a second Ctrl-C forced the stop
-        unanswered=silent or None,
-        seconds=round(clock.monotonic() - started, 3),
     )
 
 

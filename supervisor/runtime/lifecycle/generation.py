@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from supervisor.clock import Clock
+from supervisor.core.catalogue.ranks import RankExited, RankExitSlow, RankExitStuck, RankFailureReported
 from supervisor.core.lingering import WINDOW, idle, overdue
 from supervisor.core.states import GroupResult, RankState, group_result
 from supervisor.core.topology import Topology
@@ -137,12 +138,13 @@ class Generation:
                 how = reported(rank)
                 if how is not None:
                     self.reported[lr] = now
-                    self._events.emit("rank_failure_reported", generation=self.number, rank=rank.slot.rank,
-                                      pid=rank.pid, exit_grace=grace, how=how)  # fmt: skip
+                    self._events.emit(RankFailureReported(generation=self.number, rank=rank.slot.rank,
+                                                          pid=rank.pid, exit_grace=grace,
+                                                          how=how))  # fmt: skip
             elif now - seen >= grace:
-                self._events.emit("rank_exit_stuck", logging.WARNING, generation=self.number,
-                                  after="failure_reported", rank=rank.slot.rank, pid=rank.pid,
-                                  waited=round(now - seen, 3))  # fmt: skip
+                self._events.emit(RankExitStuck(generation=self.number,
+                                                after="failure_reported", rank=rank.slot.rank, pid=rank.pid,
+                                                waited=round(now - seen, 3)))  # fmt: skip
                 self.stuck.add(lr)
                 self.ended.set()
 
@@ -182,8 +184,8 @@ class Generation:
             if lr not in self._working:
                 self._working.add(lr)
                 why = "every other rank exited 0, this one still works: left to finish"
-                self._events.emit("rank_exit_slow", generation=self.number, rank=rank.slot.rank, pid=rank.pid,
-                                  detail=why)  # fmt: skip
+                self._events.emit(RankExitSlow(generation=self.number, rank=rank.slot.rank, pid=rank.pid,
+                                               detail=why))  # fmt: skip
 
     def request_restart(self) -> None:
         self.restart_requested = True
@@ -221,20 +223,20 @@ class Generation:
         failed = rank.state is RankState.FAILED
         offsets = self.exit_offsets[exit.local_rank] = self._before_exit_event(exit.rank)
         self._events.emit(
-            "rank_exited",
-            # a standby dropped unused is routine; a failed rank never is
+            RankExited(
+                generation=self.number,
+                rank=exit.rank,
+                local_rank=exit.local_rank,
+                pid=exit.pid,
+                exit_code=status.code,
+                signal=None if status.signal is None else signal_name(status.signal),
+                state=str(rank.state),
+                standby=was_standby or None,
+                # how far its logs went when it died: what follows, processes it left behind wrote
+                stdout_bytes=offsets.get(rank.files.stdout),
+                stderr_bytes=offsets.get(rank.files.stderr),
+            ),
             logging.WARNING if failed else logging.INFO if self.started else logging.DEBUG,
-            generation=self.number,
-            rank=exit.rank,
-            local_rank=exit.local_rank,
-            pid=exit.pid,
-            exit_code=status.code,
-            signal=None if status.signal is None else signal_name(status.signal),
-            state=str(rank.state),
-            standby=was_standby or None,
-            # how far its logs went when it died: what follows, processes it left behind wrote
-            stdout_bytes=offsets.get(rank.files.stdout),
-            stderr_bytes=offsets.get(rank.files.stderr),
         )
         self._settle()
 

@@ -10,11 +10,11 @@ saying which evidence decided, whose deadline was missed and who was waiting.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 from supervisor.clock import Clock
 from supervisor.core.blame import Blame, blame
+from supervisor.core.catalogue.ranks import DeadlineIgnored, DeadlineMissed, RankHung
 from supervisor.core.watch import Hang
 from supervisor.runtime.lifecycle import aftermath, bundle
 from supervisor.runtime.lifecycle.generation import Generation
@@ -31,9 +31,9 @@ def deadline_missed(gen: Generation, hang: Hang, *, failing: bool, clock: Clock,
     if failing:
         # a rank already failed: the others wait for it, and its exit (or the exit
         # grace) ends the generation; waiting on a failed peer is not a new hang
-        events.emit("deadline_ignored", logging.INFO, why="a rank of the generation already failed", **fields)
+        events.emit(DeadlineIgnored(why="a rank of the generation already failed", **fields))
         return
-    events.emit("deadline_missed", logging.WARNING, **fields)
+    events.emit(DeadlineMissed(**fields))
     gen.missed_deadline(hang, clock.monotonic())
 
 
@@ -63,20 +63,20 @@ async def name_hung(
             deadline_rank=missed.rank, evidence=f"{found.by}: {found.detail}",
         )  # fmt: skip
         events.emit(
-            "rank_hung",
-            logging.WARNING,
-            generation=gen.number,
-            rank=rank,
-            kind=str(hang.kind),
-            section=hang.section,
-            open_for=round(hang.open_for, 3),
-            timeout=hang.timeout,
-            late_by=round(missed.late_by, 6),
-            deadline_rank=missed.rank,
-            blamed_by=found.by,
-            undetermined=found.undetermined or None,
-            waiting=list(found.waiting) or None,
-            evidence=found.detail,
+            RankHung(
+                generation=gen.number,
+                rank=rank,
+                kind=str(hang.kind),
+                section=hang.section,
+                open_for=round(hang.open_for, 3),
+                timeout=hang.timeout,
+                late_by=round(missed.late_by, 6),
+                deadline_rank=missed.rank,
+                blamed_by=found.by,
+                undetermined=found.undetermined or None,
+                waiting=list(found.waiting) or None,
+                evidence=found.detail,
+            ),
         )
         if rank in local:
             gen.hung(local[rank], hang, deadline_wall)

@@ -19,6 +19,8 @@ import signal
 from typing import Any
 
 from supervisor.config.run import RunConfig
+from supervisor.core.catalogue.daemon import Hosting as HostingEvent
+from supervisor.core.catalogue.daemon import OrphanReaped, SignalForwarded
 from supervisor.core.states import RankState
 from supervisor.core.types import signal_name
 from supervisor.process.reaper import Reaper, become_subreaper
@@ -78,13 +80,14 @@ class Hosting:
         self._sentinel = sentinel
         hosting = self._cfg.hosting
         self._events.emit(
-            "hosting",
-            pid1=self.pid1,
-            subreaper=self.subreaper,
-            notify=self.notify.notifier.enabled,
-            watchdog_interval=self.notify.watchdog_interval,
-            reload_file=None if hosting.config_file is None else str(hosting.config_file),
-            forward_signals=[signal_name(s) for s in hosting.forward_signals] or None,
+            HostingEvent(
+                pid1=self.pid1,
+                subreaper=self.subreaper,
+                notify=self.notify.notifier.enabled,
+                watchdog_interval=self.notify.watchdog_interval,
+                reload_file=None if hosting.config_file is None else str(hosting.config_file),
+                forward_signals=[signal_name(s) for s in hosting.forward_signals] or None,
+            ),
         )
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.notify.watchdog())
@@ -96,10 +99,7 @@ class Hosting:
         while True:
             for pid, status in reaper.reap():
                 self._events.emit(
-                    "orphan_reaped",
-                    pid=pid,
-                    status=status,
-                    signal=signal_name(-status) if status < 0 else None,
+                    OrphanReaped(pid=pid, status=status, signal=signal_name(-status) if status < 0 else None),
                 )
             await asyncio.sleep(REAP_INTERVAL)
 
@@ -126,10 +126,11 @@ class Hosting:
         for rank in running:
             self._signaller.group(rank.pid, command.signum)
         self._events.emit(
-            "signal_forwarded",
+            SignalForwarded(
+                signal=signal_name(command.signum),
+                generation=None if gen is None else gen.number,
+                ranks=[r.slot.rank for r in running],
+            ),
             # a terminal resize sends SIGWINCH often: routine
             logging.DEBUG if command.signum == signal.SIGWINCH else logging.INFO,
-            signal=signal_name(command.signum),
-            generation=None if gen is None else gen.number,
-            ranks=[r.slot.rank for r in running],
         )

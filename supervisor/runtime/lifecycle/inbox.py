@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import logging
 from collections import Counter
 from collections.abc import Callable
 
@@ -19,6 +18,7 @@ import zmq
 import zmq.asyncio
 
 from supervisor.clock import Clock
+from supervisor.core.catalogue.ranks import MessageDropped
 from supervisor.core.topology import rank_key
 from supervisor.runtime.records.events import EventLog
 from supervisor.transport import schema
@@ -122,9 +122,7 @@ class Inbox:
     def drop(self, dropped: Dropped) -> None:
         self.drops[dropped.reason] += 1
         if self.drops[dropped.reason] == 1:  # once per reason; the rest are counted
-            self._events.emit(
-                "message_dropped", logging.WARNING, reason=str(dropped.reason), detail=dropped.detail
-            )
+            self._events.emit(MessageDropped(reason=str(dropped.reason), detail=dropped.detail))
 
     def ack(self, request_id: str | None, **data: object) -> None:
         """A request is worth a reply: the rank may be about to exit and wants it delivered."""

@@ -18,6 +18,10 @@ from supervisor import log
 from supervisor.aio import first
 from supervisor.clock import Clock
 from supervisor.config.run import RunConfig
+from supervisor.core.catalogue.generation import Containment as ContainmentEvent
+from supervisor.core.catalogue.generation import GenerationStarted, StandbyFailed, StandbyReady
+from supervisor.core.catalogue.job import NodeMoved
+from supervisor.core.catalogue.ranks import RankSpawned
 from supervisor.core.states import RankState
 from supervisor.core.topology import (
     ENV_RANKS_ENDPOINT,
@@ -123,7 +127,7 @@ class Launcher:
                 except TimeoutError:
                     found = Containment(why=f"trying out {where} took over {cgroups.PROBE_TIMEOUT} s")
                 self._containment = found
-                self._events.emit("containment", **found.describe())
+                self._events.emit(ContainmentEvent(**found.describe()))
             return self._containment
 
     def _placement(self, number: int) -> Containment:
@@ -133,7 +137,7 @@ class Launcher:
             return self._containment.generation(number)
         except OSError as exc:  # the run's cgroup works, but no more cgroups can be made
             why = f"cannot create generation {number}'s cgroup: {exc.strerror}"
-            self._events.emit("containment", logging.WARNING, generation=number, mode="fallback", why=why)
+            self._events.emit(ContainmentEvent(generation=number, mode="fallback", why=why), logging.WARNING)
             return Containment(why=why)
 
     def _exited(self, generation: int, rank: int) -> Mapping[Path, int]:
@@ -151,12 +155,13 @@ class Launcher:
         if gen.topology == topology:
             return gen
         self._events.emit(
-            "node_moved",
-            generation=gen.number,
-            node_rank=topology.node_rank,
-            nnodes=topology.nnodes,
-            was_node_rank=gen.topology.node_rank,
-            was_nnodes=gen.topology.nnodes,
+            NodeMoved(
+                generation=gen.number,
+                node_rank=topology.node_rank,
+                nnodes=topology.nnodes,
+                was_node_rank=gen.topology.node_rank,
+                was_nnodes=gen.topology.nnodes,
+            ),
         )
         await self.drop(gen)
         return await self.prepare(gen.number, standby=False, topology=topology)
@@ -193,14 +198,14 @@ class Launcher:
         gen.add(rank)
         self._start_task(gen.watch(rank), f"watch-gen{gen.number}-rank{local_rank}")
         self._events.emit(
-            "rank_spawned",
-            logging.DEBUG,
-            generation=gen.number,
-            rank=slot.rank,
-            local_rank=local_rank,
-            pid=rank.pid,
-            standby=standby,
-            forked=not isinstance(rank.proc, asyncio.subprocess.Process),
+            RankSpawned(
+                generation=gen.number,
+                rank=slot.rank,
+                local_rank=local_rank,
+                pid=rank.pid,
+                standby=standby,
+                forked=not isinstance(rank.proc, asyncio.subprocess.Process),
+            ),
         )
 
     @property
@@ -242,8 +247,8 @@ class Launcher:
         try:
             upcoming = await self.prepare(current.number + 1, standby=True, topology=current.topology)
         except OSError as exc:  # its log files (a full disk): the next generation starts cold
-            self._events.emit("standby_failed", logging.WARNING, generation=current.number + 1,
-                              error=f"{exc.strerror or exc}", path=exc.filename)  # fmt: skip
+            self._events.emit(StandbyFailed(generation=current.number + 1,
+                                            error=f"{exc.strerror or exc}", path=exc.filename))  # fmt: skip
             return None
         self.standby = {"generation": upcoming.number, "ranks": len(upcoming.ranks), "ready": False,
                         "priority": "idle" if IDLE_STANDBYS else "normal"}  # fmt: skip
@@ -264,8 +269,8 @@ class Launcher:
             return
         seconds = round(self._clock.monotonic() - since, 3)
         self.standby = {**self.standby, "ready": True, "seconds": seconds}
-        self._events.emit("standby_ready", generation=gen.number, ranks=len(ready), seconds=seconds,
-                          priority=self.standby["priority"])  # fmt: skip
+        self._events.emit(StandbyReady(generation=gen.number, ranks=len(ready), seconds=seconds,
+                                       priority=self.standby["priority"]))  # fmt: skip
 
     async def launch(self, gen: Generation, master_addr: str, master_port: int) -> None:
         for lr, rank in list(gen.ranks.items()):
@@ -275,14 +280,15 @@ class Launcher:
         late = master_env(master_addr, master_port) | self._monitor_env()
         standby = [lr for lr, r in gen.ranks.items() if r.state is RankState.STANDBY]
         self._events.emit(
-            "generation_started",
-            generation=gen.number,
-            master_addr=master_addr,
-            master_port=master_port,
-            node_rank=gen.topology.node_rank if gen.topology.nnodes > 1 else None,
-            nnodes=gen.topology.nnodes if gen.topology.nnodes > 1 else None,
-            standby_ranks=len(standby),
-            standby_ready=sum(1 for lr in standby if gen.ranks[lr].is_ready),
+            GenerationStarted(
+                generation=gen.number,
+                master_addr=master_addr,
+                master_port=master_port,
+                node_rank=gen.topology.node_rank if gen.topology.nnodes > 1 else None,
+                nnodes=gen.topology.nnodes if gen.topology.nnodes > 1 else None,
+                standby_ranks=len(standby),
+                standby_ready=sum(1 for lr in standby if gen.ranks[lr].is_ready),
+            ),
         )
         self._monitor.start_generation(gen.number, {r.slot.rank: r.pid for r in gen.ranks.values()})
         self._forget_standby(gen)  # running now: there is no standby until the next is spawned

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
+from supervisor.core.catalogue.daemon import StateUnreadable, StateUnwritable
 from supervisor.core.learning import Learned
 from supervisor.runtime.records import statefile
 from supervisor.runtime.records.events import EventLog
@@ -19,7 +19,7 @@ class LearnedFile:
         """What earlier runs learned; a file that cannot be read is reported, and learning starts over."""
         learned, problem = statefile.load(self.path)
         if problem is not None:
-            self._events.emit("state_unreadable", logging.WARNING, problem=problem)
+            self._events.emit(StateUnreadable(problem=problem))
         return learned
 
     def save(self, learned: Learned, generation: int | None) -> None:
@@ -27,4 +27,4 @@ class LearnedFile:
         try:
             statefile.save(self.path, learned, run_id=self._run_id, generation=generation)
         except OSError as exc:
-            self._events.emit("state_unwritable", logging.WARNING, path=str(self.path), error=str(exc))
+            self._events.emit(StateUnwritable(path=str(self.path), error=str(exc)))

@@ -10,10 +10,10 @@ procedure then ends it (SIGKILL: a deadlock at exit answers nothing else).
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 from supervisor.clock import Clock
+from supervisor.core.catalogue.ranks import RankExitStuck
 from supervisor.core.lingering import finished_work, verdict, where_stuck
 from supervisor.core.types import Decision
 from supervisor.runtime.lifecycle import aftermath, bundle
@@ -61,8 +61,9 @@ async def examine(
             "iteration": iteration, "peers_iteration": peers_last,
         }  # fmt: skip
         found.append(entry)
-        events.emit("rank_exit_stuck", logging.WARNING, generation=gen.number, after="peers_succeeded",
-                    native_error=None if native is None else native.error, **entry)  # fmt: skip
+        events.emit(RankExitStuck(generation=gen.number, after="peers_succeeded",
+                                  native_error=None if native is None else native.error,
+                                  **entry))  # fmt: skip
         if decision is None:
             gen.lingering_done.add(lr)
         else:

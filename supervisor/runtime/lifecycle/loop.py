@@ -20,6 +20,10 @@ from supervisor.checkpoints.sync import CheckpointSync
 from supervisor.clock import Clock
 from supervisor.config.run import RunConfig
 from supervisor.coord.job import JobGeneration, JobOver, LocalJob, RendezvousJob
+from supervisor.core.catalogue.generation import KernelLines, SpawnFailed
+from supervisor.core.catalogue.job import JobDecision
+from supervisor.core.catalogue.job import JobOver as JobOverEvent
+from supervisor.core.catalogue.job import PeerNews as PeerNewsEvent
 from supervisor.core.evidence import Evidence
 from supervisor.core.jobwide import NodeOutcome, PeerNews
 from supervisor.core.kmsg import about
@@ -124,9 +128,7 @@ class Loop:
         await first(gen.ended.wait(), self._stopping.wait(), watch)
         news, over = jobwide.heard(watch)
         if news is not None:
-            self._events.emit(
-                "peer_news", logging.WARNING, generation=gen.number, news=str(news[0]), detail=news[1]
-            )
+            self._events.emit(PeerNewsEvent(generation=gen.number, news=str(news[0]), detail=news[1]))
         stopping = self.stop_signal is not None
         failed = stopping or gen.result is not GroupResult.SUCCEEDED
         # a rank lingering: every other node is done, waiting to agree; there is nothing to announce
@@ -202,7 +204,7 @@ class Loop:
             return ()
         lines = about(self._kernel.since(ended.started_at - KERNEL_SLACK), ended.pids(), ended.cgroups())
         if lines:  # for ft-supervisor classify, which judges the run again
-            self._events.emit("kernel_lines", generation=ended.number, lines=list(lines), quiet=("lines",))
+            self._events.emit(KernelLines(generation=ended.number, lines=list(lines)))
         return lines
 
     async def _apply(
@@ -216,8 +218,8 @@ class Loop:
         settled = settle(own, outcomes, multi=job.multi)
         action = settled.action
         if job.multi:
-            self._events.emit("job_decision", generation=ended.number, action=str(action),
-                             outcomes=[o.to_json() for o in outcomes])  # fmt: skip
+            self._events.emit(JobDecision(generation=ended.number, action=str(action),
+                                         outcomes=[o.to_json() for o in outcomes]))  # fmt: skip
         self.completed = action is Action.CONTINUE
         if action is Action.RESTART:
             if settled.spends:
@@ -239,7 +241,7 @@ class Loop:
     def _record(self, judgement: Judgement) -> None:
         """The one place a decision is recorded: the ``decision`` event, and reason.json's."""
         self.judgement = judgement
-        self._events.emit("decision", logging.WARNING, **deciding.fields(judgement, self.memory.budget.used))
+        self._events.emit(deciding.decision_event(judgement, self.memory.budget.used))
 
     def adopt(self, decision: Decision, generation: int) -> Judgement:
         """The job decided for this node (a peer's abort, a job-wide reschedule, a
@@ -287,8 +289,8 @@ class Loop:
 
     async def _job_over(self, over: JobOver) -> int:
         """The job cannot go on with this node (the rendezvous ended, timed out, or is gone)."""
-        self._events.emit("job_over", logging.WARNING, action=str(over.action), reason=str(over.reason),
-                         detail=over.detail)  # fmt: skip
+        self._events.emit(JobOverEvent(action=str(over.action), reason=str(over.reason),
+                                      detail=over.detail))  # fmt: skip
         if self.job_gen is not None and over.reason is not Reason.RENDEZVOUS_LOST:
             await self._job.finish(self.job_gen, over.action, job_over=False)
         if over.action is Action.CONTINUE:
@@ -299,11 +301,7 @@ class Loop:
     async def _cannot_spawn(self, job_gen: JobGeneration, generation: int, exc: OSError) -> int:
         """This node cannot start ranks (their log files: a full or failing disk): run elsewhere."""
         self._events.emit(
-            "spawn_failed",
-            logging.ERROR,
-            generation=generation,
-            error=f"{exc.strerror or exc}",
-            path=exc.filename,
+            SpawnFailed(generation=generation, error=f"{exc.strerror or exc}", path=exc.filename),
         )
         decision = Decision(Action.RESCHEDULE, Reason.SPAWN_FAILED,
                             f"generation {generation}'s ranks could not be started: {exc}")  # fmt: skip

@@ -8,7 +8,6 @@ whose deadline passes is hung, unless what it sent meanwhile moved the deadline.
 from __future__ import annotations
 
 import asyncio
-import logging
 import traceback
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
@@ -16,6 +15,19 @@ from collections.abc import Callable, Collection, Sequence
 import zmq.asyncio
 
 from supervisor.clock import Clock
+from supervisor.core.catalogue.checkpoints import CheckpointReported
+from supervisor.core.catalogue.ranks import (
+    ChildException,
+    ExceptionReported,
+    HeartbeatsUnmonitored,
+    MessageFailed,
+    NvrxServed,
+    RankConnected,
+    RankStepping,
+    TimeoutsCalculated,
+    TimeoutsRestored,
+    WorkloadRequest,
+)
 from supervisor.core.learning import CHECKPOINTING, Calculation, Learned, calculate, observe
 from supervisor.core.types import ReportedException
 from supervisor.core.watch import STEP, Hang, RankWatch, Timeouts
@@ -168,9 +180,14 @@ class Monitor:
         kind = type(message).__name__
         if kind not in self._handler_errors:
             self._handler_errors.add(kind)
-            self._events.emit("message_failed", logging.ERROR, message=kind, rank=message.rank,
-                              error=f"{type(exc).__name__}: {exc}",
-                              traceback="".join(traceback.format_exception(exc))[-4000:])  # fmt: skip
+            self._events.emit(
+                MessageFailed(
+                    message=kind,
+                    rank=message.rank,
+                    error=f"{type(exc).__name__}: {exc}",
+                    traceback="".join(traceback.format_exception(exc))[-4000:],
+                )
+            )
 
     # -- what the ranks say -------------------------------------------------------------
 
@@ -199,8 +216,8 @@ class Monitor:
             case schema.WorkloadRequest():
                 self.requests.append(m)
                 self.inbox.ack(m.id)
-                self._events.emit("workload_request", logging.WARNING, generation=self.generation,
-                                  rank=m.rank, action=str(m.action), reason=m.reason)  # fmt: skip
+                self._events.emit(WorkloadRequest(generation=self.generation, rank=m.rank,
+                                                  action=str(m.action), reason=m.reason))  # fmt: skip
             case schema.ExceptionReport():
                 self._exception(m, now)
             case schema.Bye():
@@ -245,15 +262,15 @@ class Monitor:
         if m.pid is not None and m.pid != self.pids.get(m.rank, m.pid):
             # a process the rank forked (a data-loader worker inherits the client) died of
             # its own exception: often of the rank's death, never the cause of it
-            self._events.emit("child_exception", logging.DEBUG, generation=self.generation, rank=m.rank,
-                              pid=m.pid, exc_type=m.exc_type, message=m.message[:300])  # fmt: skip
+            self._events.emit(ChildException(generation=self.generation, rank=m.rank, pid=m.pid,
+                                             exc_type=m.exc_type, message=m.message[:300]))  # fmt: skip
             return
         self.exceptions[m.rank] = ReportedException(m.exc_type, m.message, m.traceback, m.causes)
         if m.rank not in self.exception_at:
             self.exception_at[m.rank] = now
             # when: what tells a rank that failed first from one we stopped (classify reads it too)
-            self._events.emit("exception_reported", logging.DEBUG, generation=self.generation, rank=m.rank,
-                              exc_type=m.exc_type, message=m.message[:300])  # fmt: skip
+            self._events.emit(ExceptionReported(generation=self.generation, rank=m.rank,
+                                                exc_type=m.exc_type, message=m.message[:300]))  # fmt: skip
 
     def _checkpoint(self, watch: RankWatch, event: str) -> None:
         if event == "loaded":
@@ -261,8 +278,8 @@ class Monitor:
         else:
             watch.checkpoint_saved = True
         # what the run report measures recomputation from
-        self._events.emit("checkpoint_reported", logging.DEBUG, generation=self.generation, rank=watch.rank,
-                          checkpoint=event, iteration=watch.iteration)  # fmt: skip
+        self._events.emit(CheckpointReported(generation=self.generation, rank=watch.rank,
+                                             checkpoint=event, iteration=watch.iteration))  # fmt: skip
 
     def _stepping(self, watch: RankWatch) -> None:
         """Once per rank and generation: its first step, the end of a restart's downtime."""
@@ -271,8 +288,8 @@ class Monitor:
         self._stepping_ranks.add(watch.rank)
         if self._stepping_ranks >= self._ranks:
             self.stepping.set()
-        self._events.emit("rank_stepping", logging.DEBUG, generation=self.generation, rank=watch.rank,
-                          iteration=watch.iteration)  # fmt: skip
+        self._events.emit(RankStepping(generation=self.generation, rank=watch.rank,
+                                       iteration=watch.iteration))  # fmt: skip
 
     def _saving(self, m: schema.SaverReady | schema.Saved) -> None:
         if isinstance(m, schema.Saved):
@@ -301,22 +318,22 @@ class Monitor:
         if t.heartbeat is not None or t.sections or t.out_of_section is not None or self._told_unmonitored:
             return
         self._told_unmonitored = True
-        self._events.emit(
-            "heartbeats_unmonitored", logging.WARNING, generation=self.generation, rank=rank,
+        self._events.emit(HeartbeatsUnmonitored(
+            generation=self.generation, rank=rank,
             detail="heartbeats arrive but no heartbeat timeout is in force: set --ft-rank-heartbeat-timeout, "
             "or have the workload calculate it (calculate_and_set_hb_timeouts)",
-        )  # fmt: skip
+        ))  # fmt: skip
 
     def _served_nvrx(self, m: schema.NvrxServed) -> None:
         """Which NVRx the ranks' unchanged code was written against, once: its client is ours."""
         if self._nvrx_served:
             return
         self._nvrx_served = True
-        self._events.emit(
-            "nvrx_served", logging.INFO, generation=self.generation, rank=m.rank, version=m.version,
+        self._events.emit(NvrxServed(
+            generation=self.generation, rank=m.rank, version=m.version,
             detail="nvidia_resiliency_ext.fault_tolerance is served by ft-supervisor's client "
             "(supervisor.client.nvrx); the rest of nvidia-resiliency-ext is its own",
-        )  # fmt: skip
+        ))  # fmt: skip
 
     def _answer(self, m: schema.Calculate | schema.AdviceQuery) -> None:
         """A question the workload waits on: the answer comes back on its own socket."""
@@ -335,8 +352,11 @@ class Monitor:
         if new is not None and new != self.learned:
             self.set_learned(new)
             self._persist(new)
-            self._events.emit("timeouts_calculated", generation=self.generation, rank=m.rank,
-                              learned=new.to_json(), in_force=self.in_force())  # fmt: skip
+            self._events.emit(
+                TimeoutsCalculated(
+                    generation=self.generation, rank=m.rank, learned=new.to_json(), in_force=self.in_force()
+                )
+            )
         self.inbox.ack(m.id, ready=new is not None, timeouts=self.learned.describe(self.configured))
 
     def in_force(self) -> dict[str, object]:
@@ -353,8 +373,8 @@ class Monitor:
         # own process may be signalled for its stacks
         if m.pid == self.pids.get(m.rank) and m.stack_signal is not None:
             self.stack_signals[m.rank] = m.stack_signal
-        self._events.emit("rank_connected", logging.DEBUG, generation=self.generation, rank=m.rank, pid=m.pid,
-                          stack_dumps=m.stack_signal is not None)  # fmt: skip
+        self._events.emit(RankConnected(generation=self.generation, rank=m.rank, pid=m.pid,
+                                        stack_dumps=m.stack_signal is not None))  # fmt: skip
 
     def _load_timeouts(self, rank: int, raw: dict[str, object]) -> None:
         # what the daemon learned itself is fresher; the loaded state fills the gaps
@@ -364,7 +384,7 @@ class Monitor:
         self._base = self._base.filled_from(loaded)
         if merged == self.learned:
             return
-        self._events.emit("timeouts_restored", rank=rank, timeouts=merged.to_json())
+        self._events.emit(TimeoutsRestored(rank=rank, timeouts=merged.to_json()))
         self.set_learned(merged)
 
     # -- deadlines ------------------------------------------------------------------

@@ -21,6 +21,7 @@ from supervisor.config import ft as ftconfig
 from supervisor.config.errors import ConfigError
 from supervisor.config.ft import FtConfig
 from supervisor.config.run import RunConfig
+from supervisor.core.catalogue.daemon import ConfigReloaded, ReloadFailed, ReloadRequested
 from supervisor.runtime.lifecycle import status
 from supervisor.runtime.lifecycle.monitor import Monitor
 from supervisor.runtime.records.events import EventLog
@@ -63,17 +64,17 @@ class Reloader:
         path = self._hosting.config_file
         if path is None:
             return  # without a file SIGHUP is a stop signal and never comes here
-        self._events.emit("reload_requested", path=str(path))
+        self._events.emit(ReloadRequested(path=str(path)))
         h = self._hosting
         try:
             # off the loop: the worst file the reader accepts takes seconds to parse
             new = await asyncio.to_thread(ftconfig.load, h.ft_overrides, h.ft_environ, path)
         except ConfigError as exc:
-            self._events.emit("reload_failed", logging.WARNING, path=str(path), error=str(exc))
+            self._events.emit(ReloadFailed(path=str(path), error=str(exc)))
             return
         except Exception as exc:  # a file is input: whatever it does, the run goes on
             error = f"{type(exc).__name__}: {exc}"
-            self._events.emit("reload_failed", logging.ERROR, path=str(path), error=error)
+            self._events.emit(ReloadFailed(path=str(path), error=error), logging.ERROR)
             return
         changed = changes(self._ft, new)
         if TIMEOUTS & changed.keys():
@@ -83,9 +84,10 @@ class Reloader:
         # what was not applied stays as it was, and is reported again by the next reload
         self._ft = replace(new, **{k: getattr(self._ft, k) for k in not_applied})
         self._events.emit(
-            "config_reloaded",
-            path=str(path),
-            changed={k: v for k, v in changed.items() if k in APPLIED} or None,
-            not_applied=not_applied or None,
-            timeouts=status.timeouts(self._monitor),
+            ConfigReloaded(
+                path=str(path),
+                changed={k: v for k, v in changed.items() if k in APPLIED} or None,
+                not_applied=not_applied or None,
+                timeouts=status.timeouts(self._monitor),
+            ),
         )

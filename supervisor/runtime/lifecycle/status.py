@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
 from supervisor.config.run import RunConfig
 from supervisor.coord.job import JobGeneration
+from supervisor.core.catalogue.daemon import RunStarted, SettingsIgnored
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.launcher import Launcher
 from supervisor.runtime.lifecycle.monitor import Monitor
@@ -124,22 +124,22 @@ def daemon(
     return out
 
 
-def run_started(cfg: RunConfig, rundir: RunDir, endpoints: Endpoints, monitor: Monitor) -> dict[str, Any]:
-    """The ``run_started`` event's fields: the run's settings."""
-    return {
-        "run_dir": str(rundir.root),
-        "pid": os.getpid(),
-        "control": endpoints.control,
-        "nproc_per_node": cfg.topology.nproc_per_node,
-        "max_restarts": cfg.max_restarts,
-        "program": cfg.program.target,
-        "standby": cfg.standby,
-        "preload": ",".join(cfg.program.preload) or None,
-        "timeouts": timeouts(monitor),
+def run_started(cfg: RunConfig, rundir: RunDir, endpoints: Endpoints, monitor: Monitor) -> RunStarted:
+    """The ``run_started`` event: the run's settings."""
+    return RunStarted(
+        run_dir=str(rundir.root),
+        pid=os.getpid(),
+        control=endpoints.control,
+        nproc_per_node=cfg.topology.nproc_per_node,
+        max_restarts=cfg.max_restarts,
+        program=cfg.program.target,
+        standby=cfg.standby,
+        preload=",".join(cfg.program.preload) or None,
+        timeouts=timeouts(monitor),
         # what `ft-supervisor classify` needs to decide again as this run decides
-        "policy": cfg.policy.policy.to_json(),
-        "restart_window": cfg.policy.restart_window,
-    }
+        policy=cfg.policy.policy.to_json(),
+        restart_window=cfg.policy.restart_window,
+    )
 
 
 def announce_settings(cfg: RunConfig, events: EventLog) -> None:
@@ -147,4 +147,4 @@ def announce_settings(cfg: RunConfig, events: EventLog) -> None:
     ignored = (*cfg.ft.ignored, *cfg.torchrun_ignored)
     if ignored:
         settings = [{"option": option, "why": why} for option, why in ignored]
-        events.emit("settings_ignored", logging.WARNING, settings=settings)
+        events.emit(SettingsIgnored(settings=settings))

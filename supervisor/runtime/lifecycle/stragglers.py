@@ -13,12 +13,12 @@ store, published off the loop by the job's watcher) and the other nodes' come ba
 
 from __future__ import annotations
 
-import logging
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from supervisor.clock import Clock
+from supervisor.core.catalogue.ranks import StragglerCleared, StragglerDetected, StragglerScoring
 from supervisor.core.stragglers import Change, StragglerSettings, Tracker
 from supervisor.runtime.records.events import EventLog
 
@@ -69,9 +69,9 @@ class Stragglers:
             if not self._scoring and reference is not None:
                 self._scoring = True  # detection is live: with what, against what
                 t = self._tracker
-                self._events.emit("straggler_scoring", logging.DEBUG, generation=generation,
-                                  ranks=sorted(t.standings), measured=t.measured(),
-                                  reference=round(reference, 6))  # fmt: skip
+                self._events.emit(StragglerScoring(generation=generation,
+                                                   ranks=sorted(t.standings), measured=t.measured(),
+                                                   reference=round(reference, 6)))  # fmt: skip
 
     def _exchange(self, now: float) -> None:
         """Publish this node's medians; take the other nodes' of the same generation."""
@@ -92,13 +92,13 @@ class Stragglers:
         self._tracker.peers = peers  # this node's own ranks among them are left out
 
     def _tell(self, c: Change) -> None:
-        name = "straggler_detected" if c.detected else "straggler_cleared"
-        self._events.emit(
-            name, logging.WARNING if c.detected else logging.INFO, generation=self._of, rank=c.rank,
+        record = StragglerDetected if c.detected else StragglerCleared  # at WARNING, at INFO
+        self._events.emit(record(
+            generation=self._of, rank=c.rank,
             node=self.node, score=round(c.score, 3), window=c.samples, work=round(c.work, 6),
             reference=round(c.reference, 6), sustained=round(c.sustained, 3), against=c.against,
             action=str(self.settings.action),
-        )  # fmt: skip
+        ))  # fmt: skip
         if c.detected:
             self._act(c)
 

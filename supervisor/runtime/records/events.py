@@ -6,8 +6,8 @@ complete up to the instant the daemon died, even by SIGKILL. A page-cache
 append costs microseconds; a thread hop would cost more and could reorder events.
 
 Events are records of the catalogue (``supervisor.core.catalogue``): the record says
-its name, fields, level and quiet fields. The older string form (a name and keyword
-fields) still works while its last callers are converted, for catalogued names only.
+its name, fields, level and quiet fields. Only records are accepted: an event is never
+emitted by a string name, so every line the daemon writes is one the catalogue declares.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from supervisor.clock import Clock
-from supervisor.core.catalogue import CATALOGUE, Event, envelope
+from supervisor.core.catalogue import Event, envelope
 from supervisor.core.catalogue.daemon import EventLogDegraded, EventLogRestored, ListenerFailed
 
 PENDING_BYTES = 4 << 20  # kept in memory for the file while it cannot be written
@@ -47,35 +47,14 @@ class EventLog:
         self._degraded_by: str | None = None  # why the file stopped taking lines
         self.lost = 0  # lines dropped while degraded
 
-    def emit(
-        self,
-        event: Event | str,
-        level: int | None = None,
-        *,
-        quiet: tuple[str, ...] = (),
-        **fields: Any,
-    ) -> None:
-        """Record ``event``: a catalogue record (its level and quiet fields unless given),
-        or, the older form, a catalogued name and its fields (INFO unless given)."""
-        if isinstance(event, Event):
-            if fields:
-                raise TypeError(f"{event.NAME}: a record carries its fields: {sorted(fields)}")
-            name, level = event.NAME, event.LEVEL if level is None else level
-            quiet = quiet or event.QUIET
-            record = envelope(event, self._clock.wall(), self._clock.monotonic(), self._common)
-            fields = event.values()
-        else:
-            if event not in CATALOGUE:
-                # a programming error: every name the daemon writes is in the catalogue
-                raise ValueError(f"event {event!r} is not in the catalogue (supervisor.core.catalogue)")
-            name, level = event, logging.INFO if level is None else level
-            record = {
-                "event": event,
-                "t_wall": self._clock.wall(),
-                "t_mono": self._clock.monotonic(),
-                **self._common,
-                **fields,
-            }
+    def emit(self, event: Event, level: int | None = None) -> None:
+        """Record ``event``, a catalogue record, at its level unless ``level`` is given."""
+        if not isinstance(event, Event):
+            raise TypeError(f"an event is a catalogue record (supervisor.core.catalogue), not {event!r}")
+        name, level = event.NAME, event.LEVEL if level is None else level
+        quiet = event.QUIET
+        record = envelope(event, self._clock.wall(), self._clock.monotonic(), self._common)
+        fields = event.values()
         line = orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS)
         self._write(line + b"\n")
         if self.publish is not None:
