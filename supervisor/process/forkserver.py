@@ -31,7 +31,14 @@ from supervisor.core.program import Program
 from supervisor.core.states import RankState
 from supervisor.core.topology import RankSlot
 from supervisor.process.cgroups import UNCONTAINED, Containment
-from supervisor.process.spawn import RankFiles, RankProcess, boot_channel, exec_bootstrap, rank_argv
+from supervisor.process.spawn import (
+    RankFiles,
+    RankProcess,
+    boot_channel,
+    connect_boot,
+    exec_bootstrap,
+    rank_argv,
+)
 
 READY_TIMEOUT = 120.0  # the server's preload: a cold import of torch on a busy node
 PID_TIMEOUT = 10.0  # from a fork request to the rank's pid (the bootstrap waits 10 s for adoption)
@@ -133,7 +140,7 @@ class ForkServer:
             async with self._lock:
                 socket.send_fds(self._channel, [request], [theirs.fileno(), out.fileno(), err.fileno()])
         ours.setblocking(False)
-        boot = await asyncio.open_unix_connection(sock=ours)
+        boot = await connect_boot(ours)
         reader, writer = boot
         try:
             async with asyncio.timeout(PID_TIMEOUT):

@@ -175,6 +175,17 @@ def boot_channel(kind: int = socket.SOCK_STREAM) -> Iterator[tuple[socket.socket
         theirs.close()
 
 
+async def connect_boot(ours: socket.socket) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Our end of the boot channel as streams. Stopped on the way (the daemon stops while
+    it spawns), the channel is closed at once: the bootstrap, waiting for its go, sees EOF
+    and exits, rather than when the socket is garbage-collected."""
+    try:
+        return await asyncio.open_unix_connection(sock=ours)
+    except BaseException:
+        ours.close()
+        raise
+
+
 async def exec_bootstrap(
     argv: list[str], channel: socket.socket, out: IO[bytes], err: IO[bytes], env: Mapping[str, str]
 ) -> asyncio.subprocess.Process:
@@ -204,7 +215,7 @@ async def spawn_rank(
     with boot_channel() as (ours, theirs), files.stdout.open("ab") as out, files.stderr.open("ab") as err:
         argv = rank_argv(program, theirs.fileno(), os.getpid(), containment.cgroup, idle=standby)
         proc = await exec_bootstrap(argv, theirs, out, err, env)
-    boot = await asyncio.open_unix_connection(sock=ours)
+    boot = await connect_boot(ours)
     state = RankState.STANDBY if standby else RankState.RUNNING
     return RankProcess(slot=slot, proc=proc, boot=boot, files=files, spawned_at=now, state=state,
                        containment=containment)  # fmt: skip

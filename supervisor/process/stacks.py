@@ -10,12 +10,13 @@ rank stuck in the kernel never answers.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
-import time
 from pathlib import Path
+
+from supervisor.clock import SYSTEM, Clock
+from supervisor.process.terminate import Signaller
 
 QUIET = 0.03  # the dump is complete once the log has not grown for this long
 MAX_DUMP = 256 * 1024
@@ -28,36 +29,36 @@ def _size(path: Path) -> int:
         return 0
 
 
-async def dump_stacks(pid: int, signum: int, log: Path, timeout: float) -> str:
+async def dump_stacks(
+    pid: int, signum: int, log: Path, timeout: float, *, signals: Signaller | None = None,
+    clock: Clock = SYSTEM,
+) -> str:  # fmt: skip
     """Signal ``pid`` for a stack dump; return what it appended to ``log``.
 
     A stopped rank is stopped again once it has answered: resumed, it would go on
     training, and what it then wrote (its peer's connection reset as we stop the
     peer) would read as a new failure of its own."""
+    signals = signals or Signaller()
     before = _size(log)
     stopped = process_state(pid) == "T"
-    try:
-        os.kill(pid, signum)
-        os.kill(pid, signal.SIGCONT)
-    except (ProcessLookupError, PermissionError):
+    if not signals.process(pid, signum) or not signals.process(pid, signal.SIGCONT):
         return ""
     try:
-        return await _read_dump(log, before, timeout)
+        return await _read_dump(log, before, timeout, clock)
     finally:
         if stopped:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGSTOP)
+            signals.process(pid, signal.SIGSTOP)
 
 
-async def _read_dump(log: Path, before: int, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    size, changed = before, time.monotonic()
-    while time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
+async def _read_dump(log: Path, before: int, timeout: float, clock: Clock) -> str:
+    deadline = clock.monotonic() + timeout
+    size, changed = before, clock.monotonic()
+    while clock.monotonic() < deadline:
+        await clock.sleep(0.01)
         now_size = _size(log)
         if now_size != size:
-            size, changed = now_size, time.monotonic()
-        elif size > before and time.monotonic() - changed >= QUIET:
+            size, changed = now_size, clock.monotonic()
+        elif size > before and clock.monotonic() - changed >= QUIET:
             break
     if size <= before:
         return ""

@@ -38,6 +38,15 @@ class Signaller:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signum)
 
+    def process(self, pid: int, signum: int) -> bool:
+        """One process, not its group (a stack dump is the rank's, not its workers'); False
+        when it is gone or not ours to signal."""
+        try:
+            os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
 
 @dataclass(frozen=True, slots=True)
 class TerminationReport:

@@ -26,7 +26,7 @@ from supervisor.core.program import Program
 from supervisor.core.states import RankState
 from supervisor.core.topology import ENV_KEY, RankSlot
 from supervisor.process.cgroups import Containment
-from supervisor.process.spawn import RankFiles, RankProcess
+from supervisor.process.spawn import RankFiles, RankProcess, connect_boot
 from supervisor.process.terminate import Signaller
 from supervisor.runtime.lifecycle.processes import Processes
 from supervisor.transport.schema import encode
@@ -77,6 +77,8 @@ class Rank:
         self.rank = slot.rank
         self.generation = int(env["TORCHELASTIC_RESTART_COUNT"])
         self._task: asyncio.Task[None] | None = None
+        self.stack_signal: int | None = None
+        self.stacks = ""  # what its faulthandler would dump now: set by its script
         self.booting: asyncio.Future[None] | None = None
 
     @property
@@ -87,13 +89,23 @@ class Rank:
 
     def signal(self, signum: int) -> None:
         self.proc.signals.append(signum)
-        if signum in (signal.SIGCONT, 0) or self.proc.returncode is not None:
+        if signum in (signal.SIGCONT, 0) or self.proc.returncode is not None or self.behaviour.unkillable:
             return
         if signum == signal.SIGKILL:
             if not self.behaviour.unkillable:
                 self._end(-signal.SIGKILL)
         elif not self.behaviour.ignores_term:
             self._end(-signum)
+
+    def signal_process(self, signum: int) -> bool:
+        """A signal to the process alone (a stack dump), not its group."""
+        if self.proc.returncode is not None:
+            return False
+        if signum == self.stack_signal and self.stacks:
+            self.log(self.stacks)
+        elif signum not in (signal.SIGCONT, signal.SIGSTOP, self.stack_signal):
+            self.signal(signum)
+        return True
 
     def _end(self, code: int) -> None:
         if self._task is not None and not self._task.done():
@@ -102,8 +114,9 @@ class Rank:
 
     async def boot(self, sock: socket.socket) -> None:
         """The bootstrap's part: ready, then the go (EOF: a standby dropped unused)."""
-        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        writer = None
         try:
+            reader, writer = await asyncio.open_unix_connection(sock=sock)
             if self.behaviour.preload:
                 await self.ranks.clock.sleep(self.behaviour.preload)
             writer.write(b"ready\n")
@@ -117,7 +130,10 @@ class Rank:
             self.env.update(orjson.loads(line)["env"])
             self._task = asyncio.ensure_future(self._run())
         finally:
-            writer.close()
+            if writer is None:
+                sock.close()
+            else:
+                writer.close()
 
     async def _run(self) -> None:
         try:
@@ -140,6 +156,8 @@ class Rank:
         self.ranks.deliver([self.identity, payload])
 
     def hello(self, *, stack_signal: int | None = None) -> None:
+        """What the client says first; with ``stack_signal``, it dumps its stacks on it."""
+        self.stack_signal = stack_signal
         self.send("hello", pid=self.pid, stack_signal=stack_signal)
 
     def heartbeat(self) -> None:
@@ -163,7 +181,8 @@ class Rank:
     def raise_(self, exc_type: str, message: str) -> int:
         """What an uncaught exception leaves: a traceback in the log, torchelastic's error
         file, and exit code 1."""
-        trace = f'Traceback (most recent call last):\n  File "train.py", line 7, in <module>\n{exc_type}: {message}'
+        where = '  File "train.py", line 7, in <module>'
+        trace = f"Traceback (most recent call last):\n{where}\n{exc_type}: {message}"
         self.log(trace)
         error = {"message": {"message": f"{exc_type}: {message}",
                              "extraInfo": {"py_callstack": trace, "timestamp": "0"}}}  # fmt: skip
@@ -179,6 +198,10 @@ class FakeSignaller(Signaller):
         rank = self._ranks.by_pid.get(pgid)
         if rank is not None:
             rank.signal(signum)
+
+    def process(self, pid: int, signum: int) -> bool:
+        rank = self._ranks.by_pid.get(pid)
+        return rank is not None and rank.signal_process(signum)
 
 
 @dataclass
@@ -219,10 +242,22 @@ class FakeRanks:
         self.spawned.append(rank)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         rank.booting = asyncio.ensure_future(rank.boot(theirs))  # held: the loop holds tasks weakly
-        boot = await asyncio.open_unix_connection(sock=ours)
+        boot = await connect_boot(ours)
         return RankProcess(slot=slot, proc=rank.proc, boot=boot, files=files, spawned_at=now,
                            state=RankState.STANDBY if standby else RankState.RUNNING,
                            containment=containment)  # fmt: skip
+
+    async def close(self) -> None:
+        """End what is left of every fake rank (the daemon has returned); a rank whose boot
+        channel the daemon closed first reads its EOF and exits, as the bootstrap does."""
+        for _ in range(3):
+            await asyncio.sleep(0)
+        tasks = [t for r in self.spawned for t in (r.booting, r._task) if t is not None and not t.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for _ in range(3):  # transports close on the next turns of the loop
+            await asyncio.sleep(0)
 
     def of(self, generation: int) -> list[Rank]:
         return [r for r in self.spawned if r.generation == generation]

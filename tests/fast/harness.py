@@ -10,6 +10,7 @@ coroutine acts beside it (a stop, a restart request), waiting on events.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -85,24 +86,26 @@ def supervise(
     environ: dict[str, str] | None = None,
 ) -> Run:
     loop = VirtualTimeLoop()
+    scenario = _main(tmp_path, script, options, behaviour=behaviour, operator=operator, job=job,
+                     environ=environ)  # fmt: skip
     try:
-        return loop.run_until_complete(
-            asyncio.wait_for(_main(tmp_path, script, options, behaviour, operator, job, environ), DEADLINE)
-        )
+        return loop.run_until_complete(asyncio.wait_for(scenario, DEADLINE))
     finally:
         for task in asyncio.all_tasks(loop):
             task.cancel()
         loop.run_until_complete(asyncio.sleep(0))
         loop.close()
+        gc.collect()  # what a scenario left open is reported against it, not a later test
 
 
 async def _main(
-    tmp_path: Path, script: Script, options: tuple[str, ...], behaviour: Callable[[int, int], Behaviour] | None,
-    operator: Operator | None, job: Callable[[], LocalJob | RendezvousJob] | None,
-    environ: dict[str, str] | None,
+    tmp_path: Path, script: Script, options: tuple[str, ...], *,
+    behaviour: Callable[[int, int], Behaviour] | None, operator: Operator | None,
+    job: Callable[[], LocalJob | RendezvousJob] | None, environ: dict[str, str] | None,
 ) -> Run:  # fmt: skip
     argv = ["run", "--nproc-per-node", "2", "--no-cgroups", "--no-python", "--ft-bundle-timeout", "0",
-            "--log-dir", str(tmp_path / "logs"), "--state-dir", str(tmp_path / "state"), *options, "fake-rank"]  # fmt: skip
+            "--log-dir", str(tmp_path / "logs"), "--state-dir", str(tmp_path / "state"), *options,
+            "fake-rank"]  # fmt: skip
     ns = build_parser().parse_args(argv)
     cfg = build_run_config(ns, environ or {})
     clock = LoopClock(asyncio.get_running_loop())  # type: ignore[arg-type]
@@ -123,4 +126,5 @@ async def _main(
     finally:
         if acting is not None:
             acting.cancel()
+        await ranks.close()
     return Run(code, events(rundir.events), ranks, rundir.root, daemon)

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from supervisor.clock import Clock
 from supervisor.core.blame import Suspect
 from supervisor.core.catalogue.ranks import StacksDumped
 from supervisor.core.errorfile import order_failures
@@ -16,13 +17,14 @@ from supervisor.core.types import RankFailure
 from supervisor.core.watch import Hang
 from supervisor.process.evidence import failure_evidence
 from supervisor.process.stacks import dump_stacks, process_state
+from supervisor.process.terminate import Signaller
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
 from supervisor.runtime.records.events import EventLog
 
 
 async def collect_stacks(
-    gen: Generation, monitor: Monitor, timeout: float, events: EventLog
+    gen: Generation, monitor: Monitor, timeout: float, events: EventLog, *, signals: Signaller, clock: Clock
 ) -> dict[int, Reading | None]:
     """Every live rank's stacks into its log, before the kill: all at once, since
     this is on the critical path of the restart. Where each rank stands, by local
@@ -32,9 +34,12 @@ async def collect_stacks(
     # read before the dump: the dump's SIGCONT would wake a stopped rank
     stopped = {r.slot.local_rank for r in live if process_state(r.pid) in ("T", "t")}
     ranks = [r for r in live if monitor.stack_signals.get(r.slot.rank) is not None]
-    texts = await asyncio.gather(
-        *(dump_stacks(r.pid, monitor.stack_signals[r.slot.rank], r.files.stderr, timeout) for r in ranks)
-    )
+    signal_of = monitor.stack_signals
+    dumps = [
+        dump_stacks(r.pid, signal_of[r.slot.rank], r.files.stderr, timeout, signals=signals, clock=clock)
+        for r in ranks
+    ]
+    texts = await asyncio.gather(*dumps)
     found: dict[int, Reading | None] = {r.slot.local_rank: None for r in live}
     for rank, text in zip(ranks, texts, strict=True):
         lr = rank.slot.local_rank

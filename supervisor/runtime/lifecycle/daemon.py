@@ -130,6 +130,7 @@ class Supervisor:
             job=self.job, monitor=self.monitor, ender=ender, checkpoints=self.checkpoints, health=self.health,
             kernel=self.kernel,
             plugins=self.plugins, node=self.node, stopping=self._stopping, reported=self.running.reported,
+            signals=self._signaller,
             group=lambda coro: self._group().create_task(coro),
         )  # fmt: skip
         self.commands = Commands(self.loop, events=events, hosting=self.hosting, stopping=self._stopping,

@@ -94,6 +94,8 @@ class Ender:
         gen.after_exit = self._follower.after_exit
         self._learn(gen)
         if report.unkillable:
+            for lr in report.unkillable:  # given up on: its watch may never see it exit
+                gen.ranks[lr].close_boot()
             self._events.emit(
                 RankUnkillable(
                     generation=gen.number,

@@ -16,6 +16,7 @@ from supervisor.clock import Clock
 from supervisor.core.blame import Blame, blame
 from supervisor.core.catalogue.ranks import DeadlineIgnored, DeadlineMissed, RankHung
 from supervisor.core.watch import Hang
+from supervisor.process.terminate import Signaller
 from supervisor.runtime.lifecycle import aftermath, bundle
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
@@ -39,7 +40,7 @@ def deadline_missed(gen: Generation, hang: Hang, *, failing: bool, clock: Clock,
 
 async def name_hung(
     gen: Generation, monitor: Monitor, *, stack_timeout: float, bundle_timeout: float, clock: Clock,
-    events: EventLog,
+    events: EventLog, signals: Signaller,
 ) -> Blame | None:  # fmt: skip
     """Dump every live rank's stacks, blame the stuck rank(s), record them as hung,
     and leave the hang's diagnostic bundle (``supervisor.runtime.lifecycle.bundle``)."""
@@ -49,7 +50,8 @@ async def name_hung(
     # what each rank last said, as of the notice: the dump's SIGCONT wakes a stopped rank
     seen = aftermath.seen_now(gen, monitor, noticed)
     readings, got = await asyncio.gather(
-        aftermath.collect_stacks(gen, monitor, stack_timeout, events), bundle.gather(gen, bundle_timeout)
+        aftermath.collect_stacks(gen, monitor, stack_timeout, events, signals=signals, clock=clock),
+        bundle.gather(gen, bundle_timeout),
     )
     summaries = await bundle.flights(got)  # NCCL's own account of who issued which collective
     found = blame(aftermath.suspects(seen, readings, bundle.enqueued_by_rank(summaries)), missed, noticed)

@@ -16,6 +16,7 @@ from supervisor.clock import Clock
 from supervisor.core.catalogue.ranks import RankExitStuck
 from supervisor.core.lingering import finished_work, verdict, where_stuck
 from supervisor.core.types import Decision
+from supervisor.process.terminate import Signaller
 from supervisor.runtime.lifecycle import aftermath, bundle
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
@@ -24,7 +25,7 @@ from supervisor.runtime.records.events import EventLog
 
 async def examine(
     gen: Generation, monitor: Monitor, *, grace: float, restarts_left: int, stack_timeout: float,
-    bundle_timeout: float, clock: Clock, events: EventLog,
+    bundle_timeout: float, clock: Clock, events: EventLog, signals: Signaller,
 ) -> None:  # fmt: skip
     """Stacks, the bundle and the verdict of every lingering rank of ``gen``: the
     ones done with their work are marked so (the generation then succeeds), the
@@ -38,7 +39,8 @@ async def examine(
         exits.append(gen.other_nodes_done)
     peers_gone = max(exits, default=noticed - grace)
     readings, got = await asyncio.gather(
-        aftermath.collect_stacks(gen, monitor, stack_timeout, events), bundle.gather(gen, bundle_timeout)
+        aftermath.collect_stacks(gen, monitor, stack_timeout, events, signals=signals, clock=clock),
+        bundle.gather(gen, bundle_timeout),
     )
     others = [monitor.watches.get(r.slot.rank) for lr, r in gen.ranks.items() if lr not in gen.lingering]
     peers_last = max((w.iteration for w in others if w is not None and w.iteration is not None), default=None)

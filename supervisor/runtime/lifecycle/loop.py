@@ -33,6 +33,7 @@ from supervisor.core.states import GroupResult
 from supervisor.core.types import Action, Decision, Reason, signal_name
 from supervisor.hooks.registry import Registry
 from supervisor.process.spawn import RankProcess
+from supervisor.process.terminate import Signaller
 from supervisor.runtime.lifecycle import closing, deciding, hangs, jobwide, lingering
 from supervisor.runtime.lifecycle.deciding import Judgement, Memory
 from supervisor.runtime.lifecycle.ended import GenerationEnded
@@ -60,14 +61,14 @@ class Loop:
         self, cfg: RunConfig, *, clock: Clock, events: EventLog, logger: logging.Logger, rundir: RunDir,
         launcher: Launcher, job: LocalJob | RendezvousJob, monitor: Monitor, ender: Ender,
         checkpoints: CheckpointSync, health: NodeHealth, kernel: KernelLog, plugins: Registry, node: str,
-        stopping: asyncio.Event, reported: Callable[[RankProcess], str | None],
+        stopping: asyncio.Event, reported: Callable[[RankProcess], str | None], signals: Signaller,
         group: Callable[[Coroutine[Any, Any, Generation | None]], asyncio.Task[Generation | None]],
     ) -> None:  # fmt: skip
         self._cfg, self._clock, self._events, self._logger, self._rundir = cfg, clock, events, logger, rundir
         self._launcher, self._job, self._monitor, self._ender = launcher, job, monitor, ender
         self._checkpoints, self._health, self._kernel = checkpoints, health, kernel
         self._plugins, self._node = plugins, node
-        self._stopping, self._reported, self._group = stopping, reported, group
+        self._stopping, self._reported, self._group, self._signals = stopping, reported, group, signals
         self.stop_signal: int | None = None  # set by the daemon with ``stopping``
         self.memory = Memory(Budget(cfg.max_restarts, cfg.policy.restart_window))
         self.current: Generation | None = None  # the generation launched last
@@ -161,6 +162,7 @@ class Loop:
                 bundle_timeout=ft.bundle_timeout,
                 clock=self._clock,
                 events=self._events,
+                signals=self._signals,
             )
         if gen.lingering:
             await lingering.examine(
@@ -172,6 +174,7 @@ class Loop:
                 bundle_timeout=ft.bundle_timeout,
                 clock=self._clock,
                 events=self._events,
+                signals=self._signals,
             )
 
     async def _decide(self, ended: GenerationEnded) -> Judgement | None:
