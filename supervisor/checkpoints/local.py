@@ -21,7 +21,6 @@ import errno
 import os
 import shutil
 import stat
-import time
 from concurrent.futures import Executor
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import aiofiles.os
 import orjson
 
 from supervisor.checkpoints.store import CHUNK, Check, EntryChanged, Maker, later, off, pid_alive, verify
+from supervisor.clock import SYSTEM
 from supervisor.core.snapshots import (
     FOREIGN_TEMP_MAX_AGE_S,
     MANIFEST,
@@ -146,7 +146,7 @@ def place_new(tmp: Path, final: Path) -> None:
 
 def leftovers(root: Path, maker: Maker) -> list[Path]:
     """Temporary names under ``root`` that no live copy is using."""
-    now = time.time()
+    now = SYSTEM.wall()
     found: list[Path] = []
     try:
         names = [p for p in root.iterdir() if p.name.startswith(".ft-tmp.")]

@@ -16,7 +16,6 @@ fsspec calls block; they run in the checkpoint threads, a chunk at a time.
 from __future__ import annotations
 
 import os
-import time
 from concurrent.futures import Executor
 from datetime import datetime
 from pathlib import Path
@@ -28,6 +27,7 @@ import orjson
 
 from supervisor.checkpoints.local import fsync_dir
 from supervisor.checkpoints.store import CHUNK, Check, EntryChanged, Maker, later, off, pid_alive, verify
+from supervisor.clock import SYSTEM
 from supervisor.core.snapshots import (
     FOREIGN_TEMP_MAX_AGE_S,
     MANIFEST,
@@ -80,7 +80,7 @@ class FsspecStore:
             listing = await off(self._executor, self.fs.ls, self.root, detail=True)
         except FileNotFoundError:
             return []
-        now = time.time()
+        now = SYSTEM.wall()
         gone = []
         for info in listing:
             name = str(info["name"]).rstrip("/").rsplit("/", 1)[-1]

@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import Mapping, Sequence
 
 from supervisor.checkpoints.local import (
@@ -44,6 +43,7 @@ from supervisor.checkpoints.local import (
 from supervisor.checkpoints.store import EntryChanged, Maker, Store, later, off
 from supervisor.checkpoints.stores import open_store
 from supervisor.checkpoints.threads import DaemonThreads
+from supervisor.clock import SYSTEM
 from supervisor.config.checkpoints import CheckpointConfig
 from supervisor.core.catalogue.checkpoints import (
     CheckpointPruned,
@@ -102,7 +102,7 @@ class CheckpointSync:
         finally:
             self.restored.set()
         while True:
-            await asyncio.sleep(cfg.frequency)
+            await SYSTEM.sleep(cfg.frequency)
             # never cut short when the run ends (final() waits for it on the lock): a
             # cancel between a prune's manifest and its removal would leave the pruned
             # entry at DEST under its real name
@@ -155,7 +155,7 @@ class CheckpointSync:
             self.events.emit(CheckpointRestoreSkipped(reason=choice.reason, dest=cfg.url,
                                                       local=sorted(local) or None))  # fmt: skip
             return
-        e, started = choice.entry, time.monotonic()
+        e, started = choice.entry, SYSTEM.monotonic()
         tmp = cfg.path / self._maker.temp(e.name)
         try:
             await store.get(e, tmp)
@@ -163,12 +163,12 @@ class CheckpointSync:
         except BaseException:
             later(ex, remove_path, tmp)  # not waited for: a cancel must not wait on DEST
             raise
-        seconds = round(time.monotonic() - started, 3)
+        seconds = round(SYSTEM.monotonic() - started, 3)
         self.events.emit(CheckpointRestored(entry=e.name, files=len(e.files), bytes=e.bytes, seconds=seconds,
                                             source=cfg.url))  # fmt: skip
 
     async def _sync(self, cfg: CheckpointConfig, *, final: bool, settle: bool) -> None:
-        started, ex = time.monotonic(), self._executor
+        started, ex = SYSTEM.monotonic(), self._executor
         if self._store is None:  # DEST was unreachable at start
             store = self._open(cfg)
             await store.load()
@@ -177,7 +177,7 @@ class CheckpointSync:
         await store.clean()
         local = await off(ex, scan_tree, cfg.path)
         settle_ns = int(cfg.settle * 1e9) if settle else 0
-        todo = plan(local, store.entries, now_ns=time.time_ns(), settle_ns=settle_ns, keep=cfg.keep)
+        todo = plan(local, store.entries, now_ns=SYSTEM.wall_ns(), settle_ns=settle_ns, keep=cfg.keep)
         sent, busy = await self._from_held(store, cfg, local, todo.busy, settle_ns)
         for name in todo.upload:
             e, path = local[name], cfg.path / name
@@ -198,7 +198,7 @@ class CheckpointSync:
                     entries=[e.name for e in sent],
                     files=sum(len(e.files) for e in sent),
                     bytes=sum(e.bytes for e in sent),
-                    seconds=round(time.monotonic() - started, 3),
+                    seconds=round(SYSTEM.monotonic() - started, 3),
                     dest=cfg.url,
                     final=final,
                     busy=sorted(busy) or None,
@@ -220,7 +220,7 @@ class CheckpointSync:
         for name in busy:
             held = self._held.get(name)
             what = "again" if held is None else hold(
-                held.entry, await off(ex, held.now), since_ns=held.since_ns, now_ns=time.time_ns(),
+                held.entry, await off(ex, held.now), since_ns=held.since_ns, now_ns=SYSTEM.wall_ns(),
                 settle_ns=settle_ns, dest=store.entries.get(name),
             )  # fmt: skip
             if held is not None and what != "wait":
@@ -229,7 +229,7 @@ class CheckpointSync:
                     sent.append(held.entry)
             if what != "wait" and local[name].kind == "file" and len(self._held) < MAX_HELD:
                 with contextlib.suppress(OSError, EntryChanged):  # gone, or no longer a file
-                    self._held[name] = await off(ex, Pinned, cfg.path / name, time.time_ns())
+                    self._held[name] = await off(ex, Pinned, cfg.path / name, SYSTEM.wall_ns())
             if not sent or sent[-1].name != name:
                 waiting.append(name)
         return sent, waiting

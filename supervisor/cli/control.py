@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 import zmq
 
+from supervisor.clock import SYSTEM
 from supervisor.config.durations import duration
 from supervisor.core import checkpoint_interval
 from supervisor.core.catalogue import NotAnEvent, decode
@@ -162,7 +163,7 @@ def _with_node_table(daemon: dict[str, Any], data: Any, timeout: float) -> Any:
         job = data.get("job") if isinstance(data, dict) else None
         if not isinstance(job, dict) or job.get("nodes"):
             break
-        time.sleep(NODE_TABLE_WAIT)
+        SYSTEM.pause(NODE_TABLE_WAIT)
         data = request(daemon, "status", timeout)
     return data
 
@@ -297,7 +298,7 @@ def _render_job(job: dict[str, Any]) -> list[str]:
         f"(rendezvous round {job.get('round')})",
         f"{'NODE':>4} {'HOST':<20} {'PID':>8} {'STATE':<10} {'GEN':>4} {'RANKS':>5} {'UPDATED':>8}",
     ]
-    now = time.time()
+    now = SYSTEM.wall()
     for n in sorted(
         job.get("nodes") or [], key=lambda n: (n.get("node_rank") is None, n.get("node_rank") or 0)
     ):

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from supervisor.clock import SYSTEM
 from supervisor.config import health
 from supervisor.config.errors import ConfigError
 from supervisor.core.health import Ledger, quarantined
@@ -41,7 +42,7 @@ def _node(ns: argparse.Namespace) -> int:
         cfg = health.from_namespace(ns, os.environ)
     except ConfigError as exc:
         ns.command_parser.error(str(exc))
-    now = time.time()
+    now = SYSTEM.wall()
     if ns.clear:
         try:
             write_ledger(cfg, Ledger())

@@ -27,11 +27,12 @@ import pickle
 import shutil
 import signal
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from supervisor.clock import SYSTEM
 
 NATIVE_MAX = 512 * 1024  # bytes of py-spy output kept per rank
 PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
@@ -183,16 +184,16 @@ async def flight_recorder(
     why = _ask_dump(Path(f"{pipe_stem}{rank}.pipe"))
     if why is not None:
         return None, why
-    deadline = time.monotonic() + timeout
-    size, since = -1, time.monotonic()
-    while time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    deadline = SYSTEM.monotonic() + timeout
+    size, since = -1, SYSTEM.monotonic()
+    while SYSTEM.monotonic() < deadline:
+        await SYSTEM.sleep(0.05)
         if _mtime(dump) == before:
             continue
         now_size = _size(dump)
         if now_size != size:
-            size, since = now_size, time.monotonic()
-        elif size > 0 and time.monotonic() - since >= SETTLED:
+            size, since = now_size, SYSTEM.monotonic()
+        elif size > 0 and SYSTEM.monotonic() - since >= SETTLED:
             return dump, None
     return None, f"no Flight Recorder dump within {timeout:g} s"
 

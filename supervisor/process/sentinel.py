@@ -27,7 +27,8 @@ import contextlib
 import os
 import signal
 import sys
-import time
+
+from supervisor.clock import SYSTEM
 
 
 def pids_with_env(entry: bytes, *, prefix: bool = False) -> list[int]:
@@ -121,10 +122,10 @@ def signal_cgroup(path: str, timeout: float = 2.0) -> None:
     """``cgroup.kill`` the long way, for kernels older than 5.14."""
     with contextlib.suppress(OSError):  # older still (< 5.2): the rounds must outrun any forking
         _write(os.path.join(path, "cgroup.freeze"), b"1")
-    deadline = time.monotonic() + timeout
-    while (pids := cgroup_pids(path)) and time.monotonic() < deadline:
+    deadline = SYSTEM.monotonic() + timeout
+    while (pids := cgroup_pids(path)) and SYSTEM.monotonic() < deadline:
         kill_all(pids)
-        time.sleep(0.01)  # killed processes take a moment to leave cgroup.procs
+        SYSTEM.pause(0.01)  # killed processes take a moment to leave cgroup.procs
 
 
 def populated(path: str) -> bool:
@@ -140,9 +141,9 @@ def remove_cgroup(path: str, timeout: float = 2.0) -> bool:
     """Remove the cgroup tree at ``path`` once its processes are gone (zombies do
     not count), waiting ``timeout`` at most. False when something is still inside:
     a process that outlived SIGKILL (stuck in the kernel)."""
-    deadline = time.monotonic() + timeout
-    while populated(path) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    deadline = SYSTEM.monotonic() + timeout
+    while populated(path) and SYSTEM.monotonic() < deadline:
+        SYSTEM.pause(0.01)
     # the innermost first: a cgroup with children cannot be removed
     for top, _dirs, _files in os.walk(path, topdown=False):
         try:

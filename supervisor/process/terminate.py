@@ -21,10 +21,10 @@ import asyncio
 import contextlib
 import os
 import signal
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from supervisor.clock import SYSTEM, Clock
 from supervisor.core.states import RankState
 from supervisor.process.spawn import RankProcess
 
@@ -86,12 +86,13 @@ async def terminate(
     signal_for: Mapping[int, int] | None = None,
     sweep: Sweep | None = None,
     signals: Signaller | None = None,
+    clock: Clock = SYSTEM,
 ) -> TerminationReport:
     """``signal_for`` (local rank -> signal) overrides ``stop_signal``: a hung
     rank gets its termination signal (SIGKILL by default) at once."""
     signals = signals or Signaller()
     first = signal_for or {}
-    started = time.monotonic()
+    started = clock.monotonic()
     live = [r for r in ranks if r.returncode is None]
     for r in live:
         r.move_to(RankState.STOPPING)
@@ -113,5 +114,5 @@ async def terminate(
         killed=tuple(r.slot.local_rank for r in survivors),
         unkillable=tuple(r.slot.local_rank for r in unkillable),
         swept=swept,
-        seconds=time.monotonic() - started,
+        seconds=clock.monotonic() - started,
     )

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from pathlib import Path
 
 import orjson
 
+from supervisor.clock import SYSTEM
 from supervisor.runtime.records.reason import write_atomically
 
 ENV = "FAULT_TOL_FINISHED_FLAG_FILE"
@@ -31,5 +31,5 @@ def export(flag: Path | None, run_dir: Path) -> None:
 
 
 def mark_finished(flag: Path, run_id: str) -> None:
-    content = {"run_id": run_id, "node": socket.gethostname(), "t_wall": time.time()}
+    content = {"run_id": run_id, "node": socket.gethostname(), "t_wall": SYSTEM.wall()}
     write_atomically(flag, orjson.dumps(content) + b"\n")

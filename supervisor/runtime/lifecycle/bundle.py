@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from supervisor.clock import Clock
+from supervisor.clock import SYSTEM, Clock
 from supervisor.core.blame import Blame
 from supervisor.core.catalogue.generation import HangBundle, HangBundleUnwritable
 from supervisor.core.flight import behind, enqueued, summarize
@@ -69,7 +68,7 @@ async def gather(gen: Generation, timeout: float) -> Gathered:
     where = generation_dir(gen)
     if timeout <= 0 or where is None:
         return Gathered()
-    began = time.monotonic()
+    began = SYSTEM.monotonic()
     live = [r for r in gen.ranks.values() if r.returncode is None]
     exe = py_spy()
     env = {**flight_recorder_env(os.environ, where), **os.environ}
@@ -78,7 +77,7 @@ async def gather(gen: Generation, timeout: float) -> Gathered:
     found_native, found_flight = await asyncio.gather(natives, flights)
     local = [r.slot.local_rank for r in live]
     return Gathered(dict(zip(local, found_native, strict=True)), dict(zip(local, found_flight, strict=True)),
-                    time.monotonic() - began)  # fmt: skip
+                    SYSTEM.monotonic() - began)  # fmt: skip
 
 
 Flights = dict[int, tuple[list[dict[str, Any]], str | None]]  # local rank -> (summary, why none)

@@ -87,6 +87,7 @@ class Ender:
             },
             sweep=lambda: sweep_generation(entry, list(gen.ranks.values())),
             signals=self._signaller,
+            clock=self._clock,
         )
         # a rank that outlived SIGKILL keeps the cgroup populated: no use waiting for it
         await release(gen, self._events, 0.0 if report.unkillable else cfg.kill_timeout)

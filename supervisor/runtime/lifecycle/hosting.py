@@ -18,6 +18,7 @@ import os
 import signal
 from typing import Any
 
+from supervisor.clock import SYSTEM
 from supervisor.config.run import RunConfig
 from supervisor.core.catalogue.daemon import Hosting as HostingEvent
 from supervisor.core.catalogue.daemon import OrphanReaped, SignalForwarded
@@ -101,7 +102,7 @@ class Hosting:
                 self._events.emit(
                     OrphanReaped(pid=pid, status=status, signal=signal_name(-status) if status < 0 else None),
                 )
-            await asyncio.sleep(REAP_INTERVAL)
+            await SYSTEM.sleep(REAP_INTERVAL)
 
     def _reload(self) -> None:
         """One reload at a time, in a task of its own (a stop never waits behind a parse);

@@ -239,7 +239,7 @@ class Launcher:
             return None
         if not all(ready.result()) or current.ended.is_set():
             return None
-        await first(self._monitor.stepping.wait(), asyncio.sleep(STANDBY_SETTLE),
+        await first(self._monitor.stepping.wait(), self._clock.sleep(STANDBY_SETTLE),
                     current.ended.wait(), stopping.wait())  # fmt: skip
         if current.ended.is_set() or stopping.is_set():
             return None
@@ -336,6 +336,7 @@ class Launcher:
             force=self._force,
             sweep=(lambda: sweep_generation(entry, contained)) if contained else None,
             signals=self._signaller,
+            clock=self._clock,
         )
         await release(gen, self._events, self.cfg.kill_timeout)
         self._rundir.forget_generation(gen.number)

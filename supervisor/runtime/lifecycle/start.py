@@ -7,9 +7,9 @@ import asyncio
 import logging
 import os
 import resource
-import time
 
 from supervisor import log
+from supervisor.clock import SYSTEM
 from supervisor.config.run import RunConfig
 from supervisor.core.topology import ENV_NOFILE
 from supervisor.runtime.lifecycle import autoresume
@@ -50,7 +50,7 @@ def run_daemon(config: RunConfig) -> int:
             logger.info("already_finished", extra={"fields": {"finished_flag": str(flag), "exit_code": 0}})
             return EXIT_SUCCESS  # an auto-resume loop relaunched a run whose training is complete
         try:
-            rundir = RunDir.create(config.log_dir, config.run_id, os.getpid(), time.time())
+            rundir = RunDir.create(config.log_dir, config.run_id, os.getpid(), SYSTEM.wall())
         except OSError as exc:
             logger.error("cannot create the run directory under %s: %s", config.log_dir, exc)  # noqa: TRY400
             return EXIT_USAGE

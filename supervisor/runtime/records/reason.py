@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from supervisor.clock import SYSTEM
 from supervisor.core.classify import Classification
 from supervisor.core.evidence import Evidence
 from supervisor.core.types import Action, Decision, RankFailure
@@ -58,7 +58,7 @@ def reason(
         "generation": generation,
         "restarts_used": restarts_used,
         "max_restarts": max_restarts,
-        "t_wall": time.time(),
+        "t_wall": SYSTEM.wall(),
         "decision": None
         if decision is None
         else {"action": str(decision.action), "reason": str(decision.reason), "detail": decision.detail},

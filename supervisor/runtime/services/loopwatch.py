@@ -44,9 +44,9 @@ class LoopWatch:
             now = self._clock.monotonic()
             self.tick(last, now)
             last = now
-            handle = loop.call_later(INTERVAL, tick)
+            handle = self._clock.call_later(INTERVAL, tick)
 
-        handle = loop.call_later(INTERVAL, tick)
+        handle = self._clock.call_later(INTERVAL, tick)
         try:
             await loop.create_future()
         finally:

@@ -24,13 +24,13 @@ of life, about the timeout for a hang and 0 for a crash; it is in
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from supervisor.clock import SYSTEM
 from supervisor.config.metrics import MetricsConfig
 from supervisor.core.catalogue import decode
 from supervisor.core.catalogue.generation import Decision, GenerationStarted
@@ -196,7 +196,7 @@ class Metrics:
                 if repr(exc) not in self._failures:
                     self._failures.add(repr(exc))
                     self._events.emit(MetricsFailed(error=repr(exc)))
-            await asyncio.sleep(REFRESH)
+            await SYSTEM.sleep(REFRESH)
 
     def _families(self, status: Mapping[str, Any]) -> Iterator[Metric]:
         from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily  # noqa: PLC0415

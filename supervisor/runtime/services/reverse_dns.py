@@ -17,10 +17,10 @@ import contextlib
 import functools
 import ipaddress
 import socket
-import time
 from collections.abc import Callable
 from typing import Any
 
+from supervisor.clock import SYSTEM
 from supervisor.core.catalogue.services import ReverseDnsChecked, ReverseDnsSlow
 from supervisor.core.types import EventSink
 from supervisor.process.orphans import off_loop
@@ -55,7 +55,7 @@ def node_addresses(local_addr: str | None) -> list[str]:
     return [a for a in dict.fromkeys(found) if a is not None]
 
 
-def lookup(address: str, clock: Callable[[], float] = time.monotonic) -> tuple[str, float]:
+def lookup(address: str, clock: Callable[[], float] = SYSTEM.monotonic) -> tuple[str, float]:
     """The outcome of the lookup torch's store would make for ``address``, and its
     seconds, timed in the thread that waits on it: a busy loop is not a slow resolver
     (blocking: a thread's)."""
@@ -84,7 +84,7 @@ async def check_reverse_dns(
     multinode: bool,
     local_addr: str | None = None,
     bound: float = BOUND,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] = SYSTEM.monotonic,
 ) -> list[dict[str, Any]]:
     """Time each lookup off the loop (the local ranks' address; on several nodes, this
     node's as the others see it); ``reverse_dns_slow`` for each slow one, then

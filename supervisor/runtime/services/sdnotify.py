@@ -15,11 +15,11 @@ restarts the service: that is what the watchdog is for.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 from collections.abc import MutableMapping
 from typing import Any
 
+from supervisor.clock import SYSTEM
 from supervisor.core.catalogue.services import NotifyFailed
 from supervisor.core.notify import Narrator, notify_address, watchdog_interval
 from supervisor.runtime.records.events import EventLog
@@ -109,4 +109,4 @@ class SdNotify:
             return
         while True:
             self.notifier.send("WATCHDOG=1")
-            await asyncio.sleep(interval)
+            await SYSTEM.sleep(interval)
