@@ -1,11 +1,11 @@
 """What a node does once a generation has ended: the daemon's choices, as values.
 
 Two moments, two pure functions. When the generation's ranks are down,
-``route`` says which way the decision is taken: the generation simply
+``basis_of`` says what the decision rests on: the generation simply
 succeeded, an operator asked for a restart, a peer's news ended healthy ranks
 (follow it), or this node's evidence must be judged (classify, then
 ``policy.decide``). Once every node of the job has published its outcome,
-``settle`` says what the job does, whether the budget pays a restart, which
+``job_outcome`` says what the job does, whether the budget pays a restart, which
 node writes that down in the job's store, and the decision this node adopts
 when the job's outcome is not its own.
 """
@@ -24,7 +24,9 @@ from supervisor.core.types import Action, Decision, Reason
 OPERATOR_RESTART = Decision(Action.RESTART, Reason.OPERATOR_REQUEST, "restart requested by an operator")
 
 
-class Route(StrEnum):
+class Basis(StrEnum):
+    """What a node's decision on a generation rests on."""
+
     SUCCEEDED = "succeeded"  # every rank finished its work: nothing to decide
     OPERATOR_RESTART = "operator_restart"  # `ft-supervisor restart`: no evidence to weigh
     FOLLOW_PEER = "follow_peer"  # healthy ranks ended by a peer's news: the peer's node judges
@@ -34,7 +36,7 @@ class Route(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class GenerationEnd:
-    """What happened to a generation on this node, as far as the route needs it."""
+    """What happened to a generation on this node, as far as its basis needs it."""
 
     succeeded: bool  # every rank exited 0
     failed: bool  # a rank failed on its own (not only stopped by us)
@@ -46,7 +48,7 @@ class GenerationEnd:
     decided: Decision | None = None  # what the daemon decided while the ranks ran (a straggler)
 
 
-def route(end: GenerationEnd) -> Route:
+def basis_of(end: GenerationEnd) -> Basis:
     """Which way this node decides. First match wins, in this order:
 
     an operator's restart (unless a rank cannot be killed: that needs judging);
@@ -56,11 +58,11 @@ def route(end: GenerationEnd) -> Route:
     in the same instant says more than the news); everything else is judged.
     """
     if end.restart_requested and not end.unkillable:
-        return Route.OPERATOR_RESTART
+        return Basis.OPERATOR_RESTART
     if end.succeeded and not end.requests:
-        return Route.SUCCEEDED
+        return Basis.SUCCEEDED
     if end.decided is not None and not (end.failed or end.reported or end.unkillable or end.requests):
-        return Route.DECIDED
+        return Basis.DECIDED
     if (
         end.peer_news is not None
         and not end.failed
@@ -68,34 +70,36 @@ def route(end: GenerationEnd) -> Route:
         and not end.unkillable
         and not end.requests
     ):
-        return Route.FOLLOW_PEER
-    return Route.JUDGE
+        return Basis.FOLLOW_PEER
+    return Basis.JUDGE
 
 
 def without_evidence(
-    which: Route, news: PeerNews | None, budget: Budget, now: float, detail: str, *,
+    which: Basis, news: PeerNews | None, budget: Budget, now: float, detail: str, *,
     decided: Decision | None = None,
 ) -> Decision:
-    """The decision of a route that weighs no evidence of this node."""
-    if which is Route.OPERATOR_RESTART:
+    """The decision on a basis that weighs no evidence of this node."""
+    if which is Basis.OPERATOR_RESTART:
         return OPERATOR_RESTART
-    if which is Route.FOLLOW_PEER and news is not None:
+    if which is Basis.FOLLOW_PEER and news is not None:
         return follow(news, budget, now, detail)
-    if which is Route.DECIDED and decided is not None:
+    if which is Basis.DECIDED and decided is not None:
         return decided
-    raise ValueError(f"route {which} needs this node's evidence")
+    raise ValueError(f"basis {which} needs this node's evidence")
 
 
 @dataclass(frozen=True, slots=True)
-class Settlement:
+class JobOutcome:
+    """The outcome to apply: the job's action, agreed by every node, and what it costs."""
+
     action: Action  # what the job does, the same on every node
     spends: bool  # a restart that the job's --max-restarts pays for
     records: bool  # this node writes the spent restart into the job's store (one node does)
     adopted: Decision | None  # the job's decision for this node, when it is not this node's own
 
 
-def settle(own: NodeOutcome, outcomes: Sequence[NodeOutcome], *, multi: bool) -> Settlement:
-    """The job's answer to a round, from every node's outcome (this node's included)."""
+def job_outcome(own: NodeOutcome, outcomes: Sequence[NodeOutcome], *, multi: bool) -> JobOutcome:
+    """The job's answer to a job generation, from every node's outcome (this node's included)."""
     action = joint(own, outcomes)
     spends = action is Action.RESTART and spends_budget(outcomes)
     counters = [o.node_rank for o in outcomes if o.reason is not Reason.NODE_LOST]
@@ -103,7 +107,7 @@ def settle(own: NodeOutcome, outcomes: Sequence[NodeOutcome], *, multi: bool) ->
     adopted = None
     if action is not own.action and action is not Action.RESTART:
         adopted = adopt(action, outcomes)
-    return Settlement(action, spends, records, adopted)
+    return JobOutcome(action, spends, records, adopted)
 
 
 def adopt(action: Action, outcomes: Sequence[NodeOutcome]) -> Decision:

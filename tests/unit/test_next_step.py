@@ -9,10 +9,10 @@ from supervisor.core.evidence import Part, WorkloadRequest, part_of
 from supervisor.core.jobwide import NodeOutcome, PeerNews
 from supervisor.core.next_step import (
     OPERATOR_RESTART,
+    Basis,
     GenerationEnd,
-    Route,
-    route,
-    settle,
+    basis_of,
+    job_outcome,
     without_evidence,
 )
 from supervisor.core.policy import Budget
@@ -25,37 +25,37 @@ NEWS = PeerNews.ENDED
 @pytest.mark.parametrize(
     ("end", "expected"),
     [
-        (GenerationEnd(succeeded=True, failed=False), Route.SUCCEEDED),
-        (GenerationEnd(succeeded=True, failed=False, requests=(ASK,)), Route.JUDGE),
-        (GenerationEnd(succeeded=False, failed=True), Route.JUDGE),
+        (GenerationEnd(succeeded=True, failed=False), Basis.SUCCEEDED),
+        (GenerationEnd(succeeded=True, failed=False, requests=(ASK,)), Basis.JUDGE),
+        (GenerationEnd(succeeded=False, failed=True), Basis.JUDGE),
         # an operator's restart wins over whatever the ranks did ...
-        (GenerationEnd(succeeded=False, failed=True, restart_requested=True), Route.OPERATOR_RESTART),
-        (GenerationEnd(succeeded=True, failed=False, restart_requested=True), Route.OPERATOR_RESTART),
+        (GenerationEnd(succeeded=False, failed=True, restart_requested=True), Basis.OPERATOR_RESTART),
+        (GenerationEnd(succeeded=True, failed=False, restart_requested=True), Basis.OPERATOR_RESTART),
         # ... unless a rank could not be killed: that is a node problem to judge
-        (GenerationEnd(succeeded=False, failed=False, restart_requested=True, unkillable=(1,)), Route.JUDGE),
+        (GenerationEnd(succeeded=False, failed=False, restart_requested=True, unkillable=(1,)), Basis.JUDGE),
         # healthy ranks ended by a peer's news follow the peer
-        (GenerationEnd(succeeded=False, failed=False, peer_news=NEWS), Route.FOLLOW_PEER),
+        (GenerationEnd(succeeded=False, failed=False, peer_news=NEWS), Basis.FOLLOW_PEER),
         # but a rank that failed on its own, spoke up, asked or got stuck is judged here
-        (GenerationEnd(succeeded=False, failed=True, peer_news=NEWS), Route.JUDGE),
-        (GenerationEnd(succeeded=False, failed=False, peer_news=NEWS, reported=True), Route.JUDGE),
-        (GenerationEnd(succeeded=False, failed=False, peer_news=NEWS, requests=(ASK,)), Route.JUDGE),
-        (GenerationEnd(succeeded=False, failed=False, peer_news=NEWS, unkillable=(0,)), Route.JUDGE),
+        (GenerationEnd(succeeded=False, failed=True, peer_news=NEWS), Basis.JUDGE),
+        (GenerationEnd(succeeded=False, failed=False, peer_news=NEWS, reported=True), Basis.JUDGE),
+        (GenerationEnd(succeeded=False, failed=False, peer_news=NEWS, requests=(ASK,)), Basis.JUDGE),
+        (GenerationEnd(succeeded=False, failed=False, peer_news=NEWS, unkillable=(0,)), Basis.JUDGE),
     ],
 )
-def test_the_route_a_node_decides_by(end: GenerationEnd, expected: Route) -> None:
-    assert route(end) is expected
+def test_the_basis_a_node_decides_on(end: GenerationEnd, expected: Basis) -> None:
+    assert basis_of(end) is expected
 
 
 def test_decisions_without_evidence() -> None:
     budget = Budget(max_restarts=1)
-    assert without_evidence(Route.OPERATOR_RESTART, None, budget, 0.0, "") == OPERATOR_RESTART
-    followed = without_evidence(Route.FOLLOW_PEER, PeerNews.ENDED, budget, 0.0, "node 1 failed")
+    assert without_evidence(Basis.OPERATOR_RESTART, None, budget, 0.0, "") == OPERATOR_RESTART
+    followed = without_evidence(Basis.FOLLOW_PEER, PeerNews.ENDED, budget, 0.0, "node 1 failed")
     assert (followed.action, followed.detail) == (Action.RESTART, "node 1 failed")
     spent = budget.spend(0.0)
-    lost = without_evidence(Route.FOLLOW_PEER, PeerNews.LOST, spent, 1.0, "node 1 is gone")
+    lost = without_evidence(Basis.FOLLOW_PEER, PeerNews.LOST, spent, 1.0, "node 1 is gone")
     assert (lost.action, lost.reason) == (Action.RESCHEDULE, Reason.RESTARTS_EXHAUSTED)
     with pytest.raises(ValueError, match="needs this node's evidence"):
-        without_evidence(Route.JUDGE, None, budget, 0.0, "")
+        without_evidence(Basis.JUDGE, None, budget, 0.0, "")
 
 
 def _out(rank: int, action: Action, reason: Reason | None = None, *, peer: bool = False) -> NodeOutcome:
@@ -68,10 +68,10 @@ def test_a_failure_restarts_the_job_spends_once_and_the_lowest_live_node_records
         _out(1, Action.RESTART, Reason.RANK_FAILED),
     ]
     for own in outcomes:
-        s = settle(own, outcomes, multi=True)
+        s = job_outcome(own, outcomes, multi=True)
         assert (s.action, s.spends, s.adopted) == (Action.RESTART, True, None)
         assert s.records is (own.node_rank == 0)
-    alone = settle(outcomes[1], outcomes, multi=False)
+    alone = job_outcome(outcomes[1], outcomes, multi=False)
     assert alone.spends and not alone.records  # a single node keeps its budget itself
 
 
@@ -81,25 +81,25 @@ def test_a_lost_node_does_not_record_and_free_reasons_spend_nothing() -> None:
         _out(1, Action.RESTART, Reason.RANK_FAILED),
         _out(2, Action.RESTART, Reason.PEER_FAILED),
     ]
-    assert settle(outcomes[1], outcomes, multi=True).records
+    assert job_outcome(outcomes[1], outcomes, multi=True).records
     joining = [_out(0, Action.RESTART, Reason.MEMBERSHIP), _out(1, Action.RESTART, Reason.MEMBERSHIP)]
-    assert not settle(joining[0], joining, multi=True).spends
+    assert not job_outcome(joining[0], joining, multi=True).spends
     # a peer-only failure (a reset connection) within a membership change is its consequence
     reset = [
         _out(0, Action.RESTART, Reason.MEMBERSHIP),
         _out(1, Action.RESTART, Reason.RANK_FAILED, peer=True),
     ]
-    assert not settle(reset[0], reset, multi=True).spends
+    assert not job_outcome(reset[0], reset, multi=True).spends
 
 
 def test_a_node_adopts_the_decision_of_the_node_that_decided_the_job() -> None:
     outcomes = [_out(0, Action.CONTINUE), _out(1, Action.ABORT, Reason.NOT_RETRYABLE)]
-    s = settle(outcomes[0], outcomes, multi=True)
+    s = job_outcome(outcomes[0], outcomes, multi=True)
     assert s.action is Action.ABORT and not s.spends
     assert s.adopted is not None
     assert (s.adopted.action, s.adopted.reason) == (Action.ABORT, Reason.PEER_FAILED)
     assert s.adopted.detail.startswith("node 1 (host1) decided abort")
-    assert settle(outcomes[1], outcomes, multi=True).adopted is None  # its own decision
+    assert job_outcome(outcomes[1], outcomes, multi=True).adopted is None  # its own decision
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from supervisor.client.timing import StepTimer
 from supervisor.config.build import build_run_config
 from supervisor.config.errors import ConfigError
 from supervisor.core.health import mark_of
-from supervisor.core.next_step import GenerationEnd, Route, route
+from supervisor.core.next_step import Basis, GenerationEnd, basis_of
 from supervisor.core.stragglers import (
     Change,
     Standing,
@@ -134,8 +134,8 @@ def test_a_reschedule_for_a_straggler_marks_the_node_a_restart_does_not() -> Non
 
 def test_a_decision_taken_while_the_ranks_ran_routes_unless_something_failed() -> None:
     d = Decision(Action.RESTART, Reason.STRAGGLER, "slow")
-    assert route(GenerationEnd(succeeded=False, failed=False, decided=d)) is Route.DECIDED
-    assert route(GenerationEnd(succeeded=False, failed=True, decided=d)) is Route.JUDGE
+    assert basis_of(GenerationEnd(succeeded=False, failed=False, decided=d)) is Basis.DECIDED
+    assert basis_of(GenerationEnd(succeeded=False, failed=True, decided=d)) is Basis.JUDGE
 
 
 class FakeClock:

@@ -22,7 +22,7 @@ from supervisor.core.catalogue.generation import PluginFailed, PluginsLoaded
 from supervisor.core.classify import Classification
 from supervisor.core.errorfile import order_failures
 from supervisor.core.evidence import Evidence, Part, part_of
-from supervisor.core.next_step import GenerationEnd, Route, route, without_evidence
+from supervisor.core.next_step import Basis, GenerationEnd, basis_of, without_evidence
 from supervisor.core.policy import Budget, History, Past, Policy, decide
 from supervisor.core.states import GroupResult, RankState
 from supervisor.core.types import Action, Decision, RankFailure
@@ -67,9 +67,9 @@ class Judgement:
         return replace(self, decision=decision)
 
 
-def basis(ended: GenerationEnded) -> Route:
+def basis(ended: GenerationEnded) -> Basis:
     """Which way this node decides the generation's end."""
-    return route(
+    return basis_of(
         GenerationEnd(
             succeeded=ended.result is GroupResult.SUCCEEDED,
             failed=ended.result is GroupResult.FAILED,
@@ -83,7 +83,7 @@ def basis(ended: GenerationEnded) -> Route:
     )
 
 
-def undisputed(way: Route, ended: GenerationEnded, memory: Memory, now: float, node: str) -> Judgement:
+def undisputed(way: Basis, ended: GenerationEnded, memory: Memory, now: float, node: str) -> Judgement:
     """A decision taken without this node's evidence (an operator's restart, a peer's
     news, a decision taken while the ranks ran)."""
     news, detail = (None, "") if ended.news is None else ended.news

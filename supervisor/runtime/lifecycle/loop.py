@@ -2,7 +2,7 @@
 
 A generation's end is one value (``ended.GenerationEnded``); the stages that follow
 return values (``deciding``: evidence, classification, decision; the node's health;
-the job's agreement, ``core.next_step.settle``), and the loop applies the outcome:
+the job's agreement, ``core.next_step.job_outcome``), and the loop applies the outcome:
 the next generation, or this node's exit code. Ranks prepared and never launched
 are ``upcoming``'s to stop, whichever way the loop is left.
 """
@@ -27,7 +27,7 @@ from supervisor.core.catalogue.job import PeerNews as PeerNewsEvent
 from supervisor.core.evidence import Evidence
 from supervisor.core.jobwide import NodeOutcome, PeerNews
 from supervisor.core.kmsg import about
-from supervisor.core.next_step import Route, settle
+from supervisor.core.next_step import Basis, job_outcome
 from supervisor.core.policy import Budget
 from supervisor.core.states import GroupResult
 from supervisor.core.types import Action, Decision, Reason, signal_name
@@ -180,9 +180,9 @@ class Loop:
     async def _decide(self, ended: GenerationEnded) -> Judgement | None:
         """evidence -> classification -> decision -> the node's health; None: it succeeded."""
         way, now = deciding.basis(ended), self._clock.monotonic()
-        if way is Route.SUCCEEDED:
+        if way is Basis.SUCCEEDED:
             return None
-        if way is not Route.JUDGE:
+        if way is not Basis.JUDGE:
             judgement = deciding.undisputed(way, ended, self.memory, now, self._node)
         else:
             dmesg = self._kernel_lines(ended)
@@ -218,23 +218,23 @@ class Loop:
         c = None if judgement is None else judgement.classification
         own = jobwide.own_outcome(job_gen, decision, c, self._node)
         outcomes = await self._unless_stopped(job.agree(job_gen, own))
-        settled = settle(own, outcomes, multi=job.multi)
-        action = settled.action
+        outcome = job_outcome(own, outcomes, multi=job.multi)
+        action = outcome.action
         if job.multi:
             self._events.emit(JobDecision(generation=ended.number, action=str(action),
                                          outcomes=[o.to_json() for o in outcomes]))  # fmt: skip
         self.completed = action is Action.CONTINUE
         if action is Action.RESTART:
-            if settled.spends:
+            if outcome.spends:
                 self.memory = self.memory.spent(self._clock.monotonic())
-            if settled.records:
+            if outcome.records:
                 await job.count_restart()
             try:
                 return await upcoming.take() or await self._launcher.prepare(ended.number + 1, standby=False)
             except OSError as exc:
                 return await self._cannot_spawn(job_gen, ended.number + 1, exc)
-        if settled.adopted is not None:
-            judgement = self.adopt(settled.adopted, ended.number)
+        if outcome.adopted is not None:
+            judgement = self.adopt(outcome.adopted, ended.number)
         live = sum(1 for o in outcomes if o.reason is not Reason.NODE_LOST)
         await job.finish(job_gen, action, job_over=action is not Action.RESCHEDULE, live=live)
         if judgement is None:
