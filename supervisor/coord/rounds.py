@@ -25,7 +25,8 @@ from supervisor.core.jobwide import NodeOutcome, PeerNews, lost, pack
 from supervisor.core.types import Action, Reason
 
 if TYPE_CHECKING:
-    from supervisor.coord.torchrdzv import Joined, Snapshot
+    from supervisor.coord.torch_private import Snapshot
+    from supervisor.coord.torchrdzv import Joined
 
 LISTEN_SLICE = 3600.0  # seconds a blocking wait lasts before it is renewed (it logs a timeout)
 
