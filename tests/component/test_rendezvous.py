@@ -230,6 +230,16 @@ def test_on_a_torch_it_does_not_know_the_rendezvous_is_torchs_own_and_says_so(
     assert jb.me not in a.snapshot().participants
 
 
+def test_the_torch_it_knows_is_named_by_its_major_and_minor_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    from supervisor.coord import torch_private  # noqa: PLC0415
+
+    monkeypatch.setattr(torch_private, "KNOWN", "2.13")
+    assert all(torch_private.unknown(v) is None for v in ("2.13", "2.13.0", "2.13.1+cpu", "2.13.0a0+git1"))
+    for other in ("2.12.1", "2.14.0+cpu", "2.130.0", "3.13"):
+        why = torch_private.unknown(other)
+        assert why is not None and other in why and "2.13" in why
+
+
 class _EtcdLikeError(Exception):
     """Stands for python-etcd's errors: what makes them transient is their module."""
 
