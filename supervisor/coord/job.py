@@ -279,7 +279,7 @@ class RendezvousJob:
             snap = self._rdzv_or_fail().snapshot()
             if snap is None:
                 continue
-            news = rnd.news(snap, joined, self.cfg.keep_alive_bound)
+            news = rnd.news(snap, joined, self.cfg.keep_alive_bound, self._clock)
             if news is not None:
                 rnd.tell(joined, *news)  # every other node hears it now, not at its next look
                 return news

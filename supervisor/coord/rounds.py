@@ -16,11 +16,11 @@ Blocking: called from the coordinator's threads.
 from __future__ import annotations
 
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from supervisor.clock import SYSTEM, Clock
 from supervisor.core.jobwide import NodeOutcome, PeerNews, lost, pack
 from supervisor.core.types import Action, Reason
 
@@ -109,13 +109,13 @@ def outcome(rank: int, raw: bytes) -> NodeOutcome:
     return outcome
 
 
-def news(snap: Snapshot, joined: Joined, bound: float) -> tuple[PeerNews, str] | None:
+def news(snap: Snapshot, joined: Joined, bound: float, clock: Clock = SYSTEM) -> tuple[PeerNews, str] | None:
     if snap.closed:
         return PeerNews.CLOSED, "the rendezvous was closed"
     if snap.waiting:
         return PeerNews.WAITING, f"{len(snap.waiting)} node(s) waiting to join"
     others = {r: who for r, who in joined.members.items() if who != joined.me}
-    gone = lost(others, snap.participants, snap.heartbeats, time.time(), bound)
+    gone = lost(others, snap.participants, snap.heartbeats, clock.wall(), bound)
     if gone:
         return (
             PeerNews.LOST,
