@@ -159,6 +159,7 @@ RDZV_CONF = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1,
 TROUBLE = {
     "internal_error",
     "rendezvous_leave_failed",
+    "rendezvous_fallback",  # torch's own rendezvous pace: not the figures of ours
     "control_failed",
     "control_dropped",
     "message_dropped",

@@ -200,6 +200,7 @@ async def _nodes(args: argparse.Namespace) -> dict[str, Any]:
     from supervisor.config.rendezvous import RdzvConfig  # noqa: PLC0415
     from supervisor.coord import torchrdzv  # noqa: PLC0415
     from supervisor.coord.job import RendezvousJob  # noqa: PLC0415
+    from supervisor.coord.pace import Pace  # noqa: PLC0415
     from supervisor.core.jobwide import NodeOutcome, joint  # noqa: PLC0415
     from supervisor.core.types import Action, Reason  # noqa: PLC0415
 
@@ -213,16 +214,8 @@ async def _nodes(args: argparse.Namespace) -> dict[str, Any]:
     # Not measured, only made to fit one machine: while the round fills, each node
     # looks at torch's state every second (its size grows with N), N^2 reads of it in
     # all. Here nodes waiting for the round look every JOIN_POLL s instead.
-    torchrdzv.FAST_WINDOW = 0.0
-    torch_delay = torchrdzv._torch_delay
-
-    def delay(seconds: float | tuple[float, float]) -> None:
-        if seconds == 1:
-            time.sleep(max(JOIN_POLL, n / 256))
-        else:
-            torch_delay(seconds)
-
-    torchrdzv._torch_delay = delay
+    looks = max(JOIN_POLL, n / 256)
+    torchrdzv.PACE = Pace(window=float("inf"), fast=looks, slowest=looks)
     heard = _time_news()
     jobs = [RendezvousJob(cfg, 30000 + args.offset + i, _Quiet()) for i in range(here)]
     missed = _KeepAliveMisses()

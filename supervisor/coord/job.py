@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from supervisor.aio import in_thread
+from supervisor.clock import SYSTEM, Clock
 from supervisor.config.rendezvous import RdzvConfig
 from supervisor.coord import rounds as rnd
 from supervisor.coord.nodetable import NodeTable
@@ -129,8 +129,11 @@ class RendezvousJob:
 
     multi = True
 
-    def __init__(self, cfg: RdzvConfig, master_port: int | None, events: EventSink) -> None:
+    def __init__(
+        self, cfg: RdzvConfig, master_port: int | None, events: EventSink, clock: Clock = SYSTEM
+    ) -> None:
         self.cfg = cfg
+        self._clock = clock
         self._master_port = master_port
         self._events = events
         self._rdzv: TorchRendezvous | None = None
@@ -146,11 +149,15 @@ class RendezvousJob:
             from supervisor.coord.torchrdzv import RendezvousEnded, TorchRendezvous  # noqa: PLC0415
 
             try:
-                return TorchRendezvous(self.cfg)
+                return TorchRendezvous(self.cfg, self._clock)
             except RendezvousEnded as exc:
                 raise JobOver(Action.RESCHEDULE, Reason.RENDEZVOUS_LOST, str(exc)) from None
 
         self._rdzv = await in_thread(connect, "rdzv-connect")
+        if self._rdzv.fallback is not None:  # a torch this daemon does not know: torch's own pace
+            self._events.emit(
+                "rendezvous_fallback", logging.WARNING, torch=self._rdzv.torch, why=self._rdzv.fallback
+            )
         return True
 
     async def join(self, generation: int) -> JobGeneration:
@@ -273,7 +280,7 @@ class RendezvousJob:
             snap = self._rdzv_or_fail().snapshot()
             if snap is None:
                 continue
-            news = rnd.news(snap, joined, self.cfg.keep_alive_bound)
+            news = rnd.news(snap, joined, self.cfg.keep_alive_bound, self._clock)
             if news is not None:
                 rnd.tell(joined, *news)  # every other node hears it now, not at its next look
                 return news
@@ -316,12 +323,12 @@ class RendezvousJob:
         heard = rnd.listen(joined, 1, "decided", wake, f"rdzv-decided-{job_gen.generation}")
         rnd.claim(joined, n, own)
         every = look_every(n, STATE_EVERY, JOB_LOOKS)
-        deadline = time.monotonic() + self.cfg.seconds("join_timeout")
+        deadline = self._clock.monotonic() + self.cfg.seconds("join_timeout")
         full_since: float | None = None
         delay = random.uniform(0, every)  # noqa: S311 - nodes spread their looks, nothing secret
         while not wake.wait(delay):
             delay = every
-            now = time.monotonic()
+            now = self._clock.monotonic()
             if now > deadline:  # join_timeout without a decision: decide with what is there
                 rnd.gather(joined, n)
                 continue
@@ -336,7 +343,7 @@ class RendezvousJob:
             if snap is None:
                 continue
             bound = self.cfg.keep_alive_bound
-            gone = lost(joined.members, snap.participants, snap.heartbeats, time.time(), bound)
+            gone = lost(joined.members, snap.participants, snap.heartbeats, self._clock.wall(), bound)
             for rank in sorted(gone - {own.node_rank}):
                 seen = f"its daemon stopped keeping the rendezvous alive (seen by node {own.node_rank})"
                 rnd.claim(joined, n, NodeOutcome(rank, Action.RESCHEDULE, Reason.NODE_LOST, seen))
@@ -377,7 +384,7 @@ class RendezvousJob:
             if snap is not None and (snap.spares or snap.waiting):
                 # they look at the state once a second; let them see it closed
                 # before the store (hosted by one of us) goes away
-                time.sleep(SPARES_NOTICE)
+                self._clock.pause(SPARES_NOTICE)
             if job_gen is not None and job_gen.joined is not None:
                 rnd.barrier(job_gen.joined, live, EXIT_BARRIER)
 

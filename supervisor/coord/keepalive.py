@@ -1,4 +1,4 @@
-"""torch's rendezvous keep-alive, each node at its own phase.
+"""The rendezvous keep-alive, each node at its own phase.
 
 torch's dynamic rendezvous starts every node's keep-alive timer when the round
 completes, and a keep-alive rewrites the whole rendezvous state by
@@ -15,9 +15,9 @@ Here a node's first beat after a round falls at a random point of the
 interval; later beats keep that phase, so the job's writes are spread evenly
 (one compare-and-set per keep-alive at 256 nodes).
 The beat itself is torch's (``_keep_alive``: its lock, its deadline, its
-logging), and torch's own ``_stop_heartbeats`` stops it, at the next round and
-at shutdown. ``tests/component/test_rendezvous.py`` fails the day torch
-renames what this relies on.
+logging); ``torch_private.PacedHandler`` starts this timer where torch would
+start its own, and stops it where torch would stop its own (the next round,
+shutdown). No torch here: the timer calls what it is given.
 """
 
 from __future__ import annotations
@@ -25,17 +25,20 @@ from __future__ import annotations
 import random
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 RNG = random.Random()  # noqa: S311 - a phase, not a secret; tests seed it
 
 
 class Phased:
-    """A keep-alive timer with torch's ``_PeriodicTimer``'s ``cancel``, whose first
-    beat comes ``first`` seconds after it starts, then every ``interval``."""
+    """A keep-alive timer: ``beat(owner)`` first ``first`` seconds after it starts,
+    then every ``interval``, while ``owner`` lives (held weakly: a timer must not
+    keep a handler, and its rendezvous, alive)."""
 
-    def __init__(self, handler: Any, interval: float, first: float) -> None:
-        self._handler = weakref.ref(handler)
+    def __init__(self, owner: Any, beat: Callable[[Any], None], interval: float, first: float) -> None:
+        self._owner = weakref.ref(owner)
+        self._beat = beat
         self._interval = interval
         self._first = first
         self._stop = threading.Event()
@@ -52,20 +55,14 @@ class Phased:
     def _run(self) -> None:
         wait = self._first
         while not self._stop.wait(wait):
-            handler = self._handler()
-            if handler is None:  # the handler is gone: so is its rendezvous
+            owner = self._owner()
+            if owner is None:  # the handler is gone: so is its rendezvous
                 return
-            handler._keep_alive()
-            del handler
+            self._beat(owner)
+            del owner
             wait = self._interval
 
 
-def dephase(handler: Any) -> Phased:
-    """Replace the keep-alive timer torch just started for ``handler`` (a
-    ``DynamicRendezvousHandler`` whose round completed) by one at a random phase."""
-    interval = handler._settings.keep_alive_interval.total_seconds()
-    handler._stop_heartbeats()
-    timer = Phased(handler, interval, RNG.uniform(0.0, interval))
-    handler._keep_alive_timer = timer
-    timer.start()
-    return timer
+def phase(interval: float) -> float:
+    """When a node's first beat after a round comes: anywhere in the interval."""
+    return RNG.uniform(0.0, interval)

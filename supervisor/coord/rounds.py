@@ -16,16 +16,17 @@ Blocking: called from the coordinator's threads.
 from __future__ import annotations
 
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from supervisor.clock import SYSTEM, Clock
 from supervisor.core.jobwide import NodeOutcome, PeerNews, lost, pack
 from supervisor.core.types import Action, Reason
 
 if TYPE_CHECKING:
-    from supervisor.coord.torchrdzv import Joined, Snapshot
+    from supervisor.coord.torch_private import Snapshot
+    from supervisor.coord.torchrdzv import Joined
 
 LISTEN_SLICE = 3600.0  # seconds a blocking wait lasts before it is renewed (it logs a timeout)
 
@@ -108,13 +109,13 @@ def outcome(rank: int, raw: bytes) -> NodeOutcome:
     return outcome
 
 
-def news(snap: Snapshot, joined: Joined, bound: float) -> tuple[PeerNews, str] | None:
+def news(snap: Snapshot, joined: Joined, bound: float, clock: Clock = SYSTEM) -> tuple[PeerNews, str] | None:
     if snap.closed:
         return PeerNews.CLOSED, "the rendezvous was closed"
     if snap.waiting:
         return PeerNews.WAITING, f"{len(snap.waiting)} node(s) waiting to join"
     others = {r: who for r, who in joined.members.items() if who != joined.me}
-    gone = lost(others, snap.participants, snap.heartbeats, time.time(), bound)
+    gone = lost(others, snap.participants, snap.heartbeats, clock.wall(), bound)
     if gone:
         return (
             PeerNews.LOST,

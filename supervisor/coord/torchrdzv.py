@@ -3,8 +3,13 @@
 The c10d and etcd-v2 backends are torch's dynamic rendezvous (the machinery
 torchrun and ft_launcher use): a shared state, compare-and-set in a store, with
 a keep-alive per node; the static backend is torch's fixed-rank TCPStore.
-Reading who is in the round, who waits and whose keep-alive is stale needs the
-dynamic handler's state: this module is the one place that reads it, and
+The dynamic backends come through torch's public handler registry under names of
+our own (``ft-supervisor-c10d``, ``ft-supervisor-etcd-v2``, registered when a
+TorchRendezvous is made): torch's backend and store, and a handler of ours
+(``torch_private``) that looks at the state quickly at the start of a round and
+keeps alive at its own phase. Importing this module changes nothing of torch's. Reading who is in the
+round, who waits and whose keep-alive is stale needs the dynamic handler's state:
+``torch_private`` is the one place that reads it, and
 ``tests/component/test_rendezvous.py`` fails the day torch changes its shape.
 """
 
@@ -13,9 +18,7 @@ from __future__ import annotations
 import datetime
 import importlib
 import os
-import pickle
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -26,63 +29,59 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousConnectionError,
     RendezvousError,
     RendezvousGracefulExitError,
+    RendezvousHandler,
     RendezvousParameters,
     RendezvousStoreInfo,
     RendezvousTimeoutError,
+    rendezvous_handler_registry,
 )
-from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
 
+from supervisor.clock import SYSTEM, Clock
 from supervisor.config.rendezvous import RdzvConfig
-from supervisor.coord import keepalive
+from supervisor.coord import torch_private
+from supervisor.coord.pace import Pace
+from supervisor.coord.torch_private import Snapshot
 
 T = TypeVar("T")
 
 OUR_PREFIX = "ft-supervisor"
 SHARE_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
-# While a round fills, torch's dynamic rendezvous looks at its shared state once a
-# second (``_delay(seconds=1)`` in its op executor) and its state holder serves a state
-# up to a second old (``cache_duration=1``): after every node has decided to restart,
-# the last to leave the old round and the first to join the new one each wait out up to
-# a second, 1.2-1.6 s for 2 nodes and 2.6 s for 4 on loopback. For the first
-# FAST_WINDOW seconds of a round we look every FAST_POLL s, uncached, slowed as MAX
-# grows so that all nodes together look at most STORE_LOOKS times a second; after it
-# (spares waiting for a place, a node slow to come back) torch's own pace resumes.
-FAST_WINDOW = 5.0
-FAST_POLL = 0.1
-STORE_LOOKS = 500.0
 # etcd is a cluster: while it elects a leader (its old one died, or a member is slow on
 # a busy node) requests fail with "request timed out" for seconds, and then it serves
 # again. An error of the etcd client is retried for this long before the rendezvous
 # counts as lost. A c10d store is one process: its errors mean its host is gone.
 STORE_PATIENCE = 30.0
-_torch_delay = dyn._delay  # type: ignore[attr-defined]
+PACE = Pace()  # how a round's start is paced (pace.py); scripts/bench/scale.py sets its own
+# Our names in torch's handler registry, for torch's dynamic backends of these names
+NAMES = {"c10d": f"{OUR_PREFIX}-c10d", "etcd-v2": f"{OUR_PREFIX}-etcd-v2"}
+_TUNING = f"{OUR_PREFIX}.tuning"  # the key of a Tuning in RendezvousParameters' options
 
 
-class _Pace:
-    """Torch's poll delay, quickened for the start of each round."""
+@dataclass(frozen=True, slots=True)
+class Tuning:
+    """What a TorchRendezvous hands its handler through torch's registry, which
+    passes the creator nothing but RendezvousParameters."""
 
-    def __init__(self, sleep: Any = time.sleep, clock: Any = time.monotonic) -> None:
-        self._sleep, self._clock = sleep, clock
-        self.interval = 1.0
-        self._until = float("-inf")
-
-    def start_round(self, max_nodes: int) -> None:
-        self.interval = min(1.0, max(FAST_POLL, max_nodes / STORE_LOOKS))
-        self._until = self._clock() + FAST_WINDOW
-
-    def end_round(self) -> None:
-        self._until = float("-inf")
-
-    def __call__(self, seconds: float | tuple[float, float]) -> None:
-        if seconds == 1 and self._clock() < self._until:  # torch's poll, early in a round
-            self._sleep(self.interval)
-        else:
-            _torch_delay(seconds)
+    pace: Pace
+    clock: Clock
 
 
-_PACE = _Pace()
-dyn._delay = _PACE  # type: ignore[attr-defined]
+def create_handler(params: RendezvousParameters) -> RendezvousHandler:
+    """torch's registry calls this for our names; it keeps torch's handler
+    machinery, backend and store, and hands the coordinator what it made."""
+    kind = next(kind for kind, name in NAMES.items() if name == params.backend)
+    module = "c10d_rendezvous_backend" if kind == "c10d" else "etcd_rendezvous_backend"
+    made = importlib.import_module(f"torch.distributed.elastic.rendezvous.{module}")
+    backend, store = made.create_backend(params)
+    tuning = params.get(_TUNING) or Tuning(PACE, SYSTEM)
+    return torch_private.build(store, backend, params, tuning.pace, tuning.clock)
+
+
+def register() -> None:
+    """Our names in torch's registry (again is a no-op: the creator is the same)."""
+    for name in NAMES.values():
+        rendezvous_handler_registry.register(name, create_handler)
 
 
 def transient(exc: BaseException) -> bool:
@@ -96,7 +95,12 @@ def transient(exc: BaseException) -> bool:
 class Patience:
     """Retries of transient store errors, within a bound, backing off to a second."""
 
-    def __init__(self, seconds: float, sleep: Any = time.sleep, clock: Any = time.monotonic) -> None:
+    def __init__(
+        self,
+        seconds: float,
+        sleep: Callable[[float], None] = SYSTEM.pause,
+        clock: Callable[[], float] = SYSTEM.monotonic,
+    ) -> None:
         self.seconds, self._sleep, self._clock = seconds, sleep, clock
 
     def __call__(self, fn: Callable[[], T], what: str) -> T:
@@ -176,19 +180,6 @@ class RendezvousEnded(Exception):
         self.kind = kind
 
 
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """The shared rendezvous state at one moment (dynamic backends)."""
-
-    round: int
-    complete: bool
-    closed: bool
-    participants: dict[str, int]  # node identity -> node rank
-    waiting: frozenset[str]  # want the next round
-    spares: frozenset[str]  # torch's redundancy list: beyond MAX, waiting for a place
-    heartbeats: dict[str, float]  # node identity -> wall-clock seconds
-
-
 class Listeners:
     """A round's keys over two connections of their own, for the blocking waits of
     the watch (a peer's generation ended) and of the agreement (the round decided):
@@ -243,13 +234,16 @@ class Joined:
 
 
 class TorchRendezvous:
-    def __init__(self, cfg: RdzvConfig) -> None:
+    def __init__(self, cfg: RdzvConfig, clock: Clock = SYSTEM) -> None:
         self.cfg = cfg
+        self._clock = clock
         conf: dict[str, Any] = dict(cfg.conf)
         if cfg.backend == "static":
             conf["rank"] = cfg.node_rank
+        else:
+            conf[_TUNING] = Tuning(PACE, clock)
         self._params = RendezvousParameters(
-            backend=cfg.backend,
+            backend=NAMES.get(cfg.backend, cfg.backend),
             endpoint=cfg.endpoint,
             run_id=cfg.run_id,
             min_nodes=cfg.min_nodes,
@@ -264,19 +258,24 @@ class TorchRendezvous:
         os.environ[SHARE_STORE_OPT_OUT] = "1"
         self._backend: Any = None
         self._base: PatientStore | None = None
-        self.patience = Patience(STORE_PATIENCE if cfg.backend == "etcd-v2" else 0.0)
+        self.fallback: str | None = None  # why torch's rendezvous runs at torch's own pace here
+        self.torch = torch_private.version()
+        patience = STORE_PATIENCE if cfg.backend == "etcd-v2" else 0.0
+        self.patience = Patience(patience, sleep=clock.pause, clock=clock.monotonic)
         try:
             if cfg.backend == "static":
                 from torch.distributed.elastic.rendezvous import static_tcp_rendezvous  # noqa: PLC0415
 
                 self._handler: Any = static_tcp_rendezvous.create_rdzv_handler(self._params)
             else:
+                register()
                 # etcd-v2 imports python-etcd: only when asked for
-                name = "c10d_rendezvous_backend" if cfg.backend == "c10d" else "etcd_rendezvous_backend"
-                module = importlib.import_module(f"torch.distributed.elastic.rendezvous.{name}")
-                self._backend, store = module.create_backend(self._params)
-                self._base = PatientStore(PrefixStore(f"{OUR_PREFIX}/{cfg.run_id}", store), self.patience)
-                self._handler = dyn.create_handler(store, self._backend, self._params)
+                handler = rendezvous_handler_registry.create_handler(self._params)
+                assert isinstance(handler, torch_private.Handler), handler
+                self._handler, self._backend = handler, handler.state_backend
+                self.fallback = handler.fallback
+                store = PrefixStore(f"{OUR_PREFIX}/{cfg.run_id}", handler.state_store)
+                self._base = PatientStore(store, self.patience)
         except ImportError as exc:
             raise RendezvousEnded(
                 "unreachable", f"--rdzv-backend {cfg.backend} needs {exc.name}: {exc}"
@@ -295,20 +294,8 @@ class TorchRendezvous:
 
     def join(self, generation: int, master_port: int) -> Joined:
         """The next round: blocks until it completes, for up to the join timeout."""
-        holder = getattr(self._handler, "_state_holder", None)  # dynamic backends only
-        cached = getattr(holder, "_cache_duration", None)
         try:
-            _PACE.start_round(self.cfg.max_nodes)
-            if cached is not None:
-                holder._cache_duration = 0  # type: ignore[union-attr]
-            try:
-                info = self._next_rendezvous()
-                if holder is not None:
-                    keepalive.dephase(self._handler)
-            finally:
-                _PACE.end_round()
-                if cached is not None:
-                    holder._cache_duration = cached  # type: ignore[union-attr]
+            info = self._next_rendezvous()
             node_rank, nnodes = info.rank, info.world_size
             if self.cfg.backend == "static":
                 if self._base is None:
@@ -317,10 +304,8 @@ class TorchRendezvous:
                 prefix = f"{OUR_PREFIX}/g{generation}"
                 store = PrefixStore(prefix, info.store)
             else:
-                state = self._handler._state_holder.state  # the state that made this round
-                number = state.round
-                members = {rank: repr(node) for node, rank in state.participants.items()}
-                me = repr(self._handler._this_node)
+                number, ranks, me = self._handler.members()  # of the state that made this round
+                members = {rank: who for who, rank in ranks.items()}
                 store = PrefixStore(OUR_PREFIX, info.store)  # already the round's prefix
                 # torch's prefix for the round (DynamicRendezvousHandler._wrap_store), then ours:
                 # test_rendezvous checks that a listener reads what the round's store wrote
@@ -365,42 +350,27 @@ class TorchRendezvous:
     def _next_rendezvous(self) -> Any:
         """Torch's next round; a transient store error (an etcd election) is retried
         while the join timeout lasts: torch's handler keeps its place in the round."""
-        deadline = time.monotonic() + self.cfg.seconds("join_timeout")
+        deadline = self._clock.monotonic() + self.cfg.seconds("join_timeout")
         while True:
             try:
                 return self._handler.next_rendezvous()
             except RendezvousConnectionError:
-                if self.patience.seconds <= 0 or time.monotonic() + 1.0 > deadline:
+                if self.patience.seconds <= 0 or self._clock.monotonic() + 1.0 > deadline:
                     raise
-                time.sleep(1.0)
+                self._clock.pause(1.0)
 
     def snapshot(self) -> Snapshot | None:
         """The shared state now; None for the static backend (it has none)."""
         if self._backend is None:
             return None
-        got = self.patience(self._backend.get_state, "the rendezvous state")
-        if got is None:
-            return Snapshot(0, False, False, {}, frozenset(), frozenset(), {})
-        state = pickle.loads(got[0])  # noqa: S301 - torch's own state, from torch's own store
-        return Snapshot(
-            round=state.round,
-            complete=state.complete,
-            closed=state.closed,
-            participants={repr(n): r for n, r in state.participants.items()},
-            waiting=frozenset(repr(n) for n in state.wait_list),
-            spares=frozenset(repr(n) for n in state.redundancy_list),
-            heartbeats={repr(n): t.timestamp() for n, t in state.last_heartbeats.items()},
-        )
+        return torch_private.snapshot(self.patience(self._backend.get_state, "the rendezvous state"))
 
     def leave(self) -> None:
         """Take this node out of the round at once, so the others need not wait
         for its keep-alive to go stale before they complete the next one."""
         if self._backend is None:
             return
-        handler = self._handler
-        handler._stop_heartbeats()
-        deadline = time.monotonic() + self.cfg.seconds("close_timeout")
-        handler._op_executor.run(dyn._RendezvousExitOp(), deadline)
+        self._handler.leave(self._clock.monotonic() + self.cfg.seconds("close_timeout"))
 
     def close(self) -> None:
         """The job is over: nodes still waiting (spares) are let go."""

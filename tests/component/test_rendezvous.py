@@ -6,7 +6,11 @@ stale): the day torch changes that shape, these tests fail, not a job.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,13 +18,23 @@ from typing import Any
 
 import pytest
 
+from supervisor.clock import Clock
 from supervisor.config.rendezvous import RdzvConfig
 from supervisor.process.ports import free_port
 from tests.support import wait_until
 
 pytestmark = pytest.mark.torch
 torchrdzv = pytest.importorskip("supervisor.coord.torchrdzv")
-Make = Callable[[RdzvConfig], Any]
+Make = Callable[..., Any]
+PAUSED: list[float] = []
+
+
+class Noting(Clock):
+    """The system's clock, noting every pause (the rendezvous' waits between looks)."""
+
+    def pause(self, seconds: float) -> None:
+        PAUSED.append(seconds)
+        super().pause(seconds)
 
 
 def config(endpoint: str, run_id: str) -> RdzvConfig:
@@ -34,8 +48,8 @@ def made() -> Iterator[Make]:
     this worker, against a store that is gone, into the next tests' output."""
     nodes: list[Any] = []
 
-    def make(cfg: RdzvConfig) -> Any:
-        nodes.append(torchrdzv.TorchRendezvous(cfg))
+    def make(cfg: RdzvConfig, clock: Clock | None = None) -> Any:
+        nodes.append(torchrdzv.TorchRendezvous(cfg, *([] if clock is None else [clock])))
         return nodes[-1]
 
     yield make
@@ -113,7 +127,7 @@ def test_an_unreachable_store_is_named() -> None:
 
 
 def test_a_restart_round_looks_at_the_state_often_and_uncached_then_at_torchs_pace(
-    endpoint: str, monkeypatch: pytest.MonkeyPatch, made: Make
+    endpoint: str, made: Make
 ) -> None:
     # torch polls its state once a second and caches it for a second: a restart round of
     # nodes that all decided together waited out both (1.2-1.6 s for 2 nodes, 2.6 s for 4)
@@ -121,26 +135,109 @@ def test_a_restart_round_looks_at_the_state_often_and_uncached_then_at_torchs_pa
 
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn  # noqa: PLC0415
 
+    from supervisor.coord import pace  # noqa: PLC0415
+
     source = inspect.getsource(dyn)
     assert "_delay(seconds=1)" in source and "cache_duration: int = 1" in source  # what we pace
-    assert dyn._delay is torchrdzv._PACE
-    slept: list[float] = []
-    monkeypatch.setattr(torchrdzv._PACE, "_sleep", lambda s: (slept.append(s), time.sleep(s)))
-    a = made(config(endpoint, "r3"))
-    b = made(config(endpoint, "r3"))
+    PAUSED.clear()
+    a = made(config(endpoint, "r3"), Noting())
+    b = made(config(endpoint, "r3"), Noting())
     join_both(a, b, 0)
     for r in (a, b):  # restarting: leave together, join again
         r.leave()
     ja, jb = join_both(a, b, 1)
     assert ja.round == jb.round and ja.members == jb.members
-    assert slept and set(slept) == {torchrdzv.FAST_POLL}  # every look in the rounds came quickly
-    assert a._handler._state_holder._cache_duration == 1  # torch's cache is back between rounds
+    assert PAUSED and set(PAUSED) == {pace.FAST_POLL}  # every look in the rounds came quickly
+    holder = a._handler._state_holder
+    assert holder._cache == 1.0 and not holder._window.quick()  # torch's cache is back between rounds
+    assert holder._inner._cache_duration == 0  # torch's holder, made uncached: ours caches
     # a large job looks less often, so that the store sees the same load in all
-    torchrdzv._PACE.start_round(2000)
-    assert torchrdzv._PACE.interval == 1.0
-    torchrdzv._PACE.start_round(100)
-    assert torchrdzv._PACE.interval == pytest.approx(0.2)
-    torchrdzv._PACE.end_round()
+    assert pace.Pace().interval(2000) == 1.0
+    assert pace.Pace().interval(100) == pytest.approx(0.2)
+
+
+def test_importing_our_rendezvous_changes_nothing_of_torchs(endpoint: str, made: Make) -> None:
+    # it used to replace torch's poll delay for every user of torch in the process
+    script = """if True:
+        from torch.distributed.elastic.rendezvous import api, dynamic_rendezvous as dyn, utils
+        def seen():
+            spaces = [vars(dyn), vars(utils), vars(api), api.rendezvous_handler_registry._registry]
+            spaces += [vars(c) for c in vars(dyn).values() if isinstance(c, type)]
+            return [{k: id(v) for k, v in space.items()} for space in spaces]
+        before = seen()
+        import supervisor.coord.torchrdzv
+        assert seen() == before and dyn._delay is utils._delay, "torch changed on import"
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    # nor while our nodes join: a handler torch makes keeps torch's pace and cache
+    from torch.distributed.elastic.rendezvous import (  # noqa: PLC0415
+        RendezvousParameters,
+        c10d_rendezvous_backend,
+        dynamic_rendezvous,
+        utils,
+    )
+
+    a = made(config(endpoint, "r7"))
+    b = made(config(endpoint, "r7"))
+    early = threading.Thread(target=a.join, args=(0, free_port()), daemon=True)
+    early.start()  # a waits for b, in its quick window
+    wait_until(lambda: a.snapshot().participants, 10, "a to be in the round")
+    params = RendezvousParameters("c10d", endpoint, "torchs", 1, 1, local_addr="127.0.0.1", is_host="0")
+    dyn = dynamic_rendezvous
+    theirs = dyn.create_handler(*reversed(c10d_rendezvous_backend.create_backend(params)), params)
+    assert dyn._delay is utils._delay
+    assert theirs._state_holder._cache_duration == 1
+    assert type(theirs._state_holder) is dyn._BackendRendezvousStateHolder
+    assert type(theirs._op_executor) is dyn._DistributedRendezvousOpExecutor
+    b.join(0, free_port())
+    early.join(30)
+    assert theirs._state_holder._cache_duration == 1 and dyn._delay is utils._delay
+
+
+def test_on_a_torch_it_does_not_know_the_rendezvous_is_torchs_own_and_says_so(
+    endpoint: str, monkeypatch: pytest.MonkeyPatch, made: Make
+) -> None:
+    import torch  # noqa: PLC0415
+
+    from supervisor.coord import torch_private  # noqa: PLC0415
+    from supervisor.coord.job import RendezvousJob  # noqa: PLC0415
+
+    monkeypatch.setattr(torch_private, "KNOWN", "2.12")
+    events: list[tuple[str, int, dict[str, Any]]] = []
+
+    class Sink:
+        def emit(self, event: str, level: int = logging.INFO, **fields: Any) -> None:
+            events.append((event, level, fields))
+
+    asyncio.run(RendezvousJob(config(endpoint, "r8"), None, Sink()).start())
+    assert [(e, lvl) for e, lvl, _ in events] == [("rendezvous_fallback", logging.WARNING)]
+    assert events[0][2]["torch"] == torch.__version__ and "2.12" in events[0][2]["why"]
+    # torch's handler as it is (under our name), and the round still works
+    PAUSED.clear()
+    a = made(config(endpoint, "r6"), Noting())
+    b = made(config(endpoint, "r6"), Noting())
+    assert type(a._handler) is torch_private.Handler and a.fallback
+    assert a._handler.get_backend() == "ft-supervisor-c10d"
+    ja, jb = join_both(a, b, 0)
+    assert ja.members == jb.members and {ja.me, jb.me} == set(ja.members.values())
+    assert PAUSED == []  # no quick looks: torch's own second
+    assert a._handler._keep_alive_timer is not None  # torch's own keep-alive timer
+    b.leave()
+    assert jb.me not in a.snapshot().participants
+
+
+def test_the_torch_it_knows_is_named_by_its_major_and_minor_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    from supervisor.coord import torch_private  # noqa: PLC0415
+
+    monkeypatch.setattr(torch_private, "KNOWN", "2.13")
+    assert all(torch_private.unknown(v) is None for v in ("2.13", "2.13.0", "2.13.1+cpu", "2.13.0a0+git1"))
+    for other in ("2.12.1", "2.14.0+cpu", "2.130.0", "3.13"):
+        why = torch_private.unknown(other)
+        assert why is not None and other in why and "2.13" in why
 
 
 class _EtcdLikeError(Exception):
