@@ -11,11 +11,9 @@ threads so the event loop never waits on the network. The job's node table
 
 from __future__ import annotations
 
-import asyncio
 import random
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
@@ -24,11 +22,14 @@ from supervisor.aio import in_thread
 from supervisor.clock import SYSTEM, Clock
 from supervisor.config.rendezvous import RdzvConfig
 from supervisor.coord import rounds as rnd
+from supervisor.coord.local import JobGeneration, JobOver, LocalJob
 from supervisor.coord.nodetable import NodeTable
-from supervisor.core.catalogue.job import RendezvousJoined, RendezvousLeaveFailed
+from supervisor.core.catalogue.job import RendezvousFallback, RendezvousJoined, RendezvousLeaveFailed
 from supervisor.core.jobwide import NodeOutcome, PeerNews, look_every, lost, unpack
 from supervisor.core.types import Action, EventSink, Reason
 from supervisor.process.ports import free_port
+
+__all__ = ["JobGeneration", "JobOver", "LocalJob", "RendezvousJob"]
 
 if TYPE_CHECKING:
     from supervisor.coord.torchrdzv import Joined, TorchRendezvous
@@ -51,79 +52,6 @@ SPARES_NOTICE = 2.5  # seconds nodes waiting in the rendezvous get to see it clo
 EXIT_BARRIER = 5.0  # seconds the last nodes wait for each other before the store host leaves
 
 
-@dataclass(frozen=True, slots=True)
-class JobGeneration:
-    """One generation's place in the job."""
-
-    generation: int
-    node_rank: int
-    nnodes: int
-    master_addr: str
-    master_port: int
-    rdzv_round: int = 0
-    joined: Joined | None = None
-    restarts_used: int = 0  # by the job so far, as the rendezvous store counts them
-
-
-class JobOver(Exception):
-    """The job cannot go on with this node: leave with ``action``."""
-
-    def __init__(self, action: Action, reason: Reason, detail: str) -> None:
-        super().__init__(detail)
-        self.action, self.reason, self.detail = action, reason, detail
-
-
-class LocalJob:
-    """A single-node job: no peers, no rendezvous, no torch in the daemon."""
-
-    multi = False
-
-    def __init__(self, master_addr: str, master_port: int | None) -> None:
-        self._addr, self._port = master_addr, master_port
-
-    async def start(self) -> bool:
-        return True
-
-    async def join(self, generation: int) -> JobGeneration:
-        return JobGeneration(generation, 0, 1, self._addr, self._port or free_port())
-
-    async def watch(self, job_gen: JobGeneration) -> tuple[PeerNews, str]:
-        await asyncio.Event().wait()  # a node alone never hears news
-        raise AssertionError("unreachable")
-
-    async def announce_end(self, job_gen: JobGeneration, why: str) -> None:
-        return None
-
-    def others_done(self, generation: int) -> bool:
-        return False  # there are no other nodes
-
-    async def agree(self, job_gen: JobGeneration, own: NodeOutcome) -> list[NodeOutcome]:
-        return [own]
-
-    async def publish(self, job_gen: JobGeneration, own: NodeOutcome) -> None:
-        return None
-
-    async def count_restart(self) -> None:
-        return None
-
-    async def finish(
-        self, job_gen: JobGeneration | None, action: Action, *, job_over: bool, live: int = 1
-    ) -> None:
-        return None
-
-    def note(self, state: str, **fields: Any) -> None:
-        return None
-
-    def nodes(self) -> list[dict[str, Any]]:
-        return []
-
-    def sample(self) -> list[dict[str, Any]]:
-        return []
-
-    def share(self, **fields: Any) -> None:
-        """Nothing to share with: a single node."""
-
-
 class RendezvousJob:
     """One node of a multi-node job, through torch's elastic rendezvous."""
 
@@ -137,7 +65,7 @@ class RendezvousJob:
         self._master_port = master_port
         self._events = events
         self._rdzv: TorchRendezvous | None = None
-        self._table = NodeTable(lambda: self._rdzv_or_fail().base)
+        self._table = NodeTable(lambda: self._rdzv_or_fail().base, self._clock)
         self._others_done: set[int] = set()  # generations in which every other node succeeded
 
     # -- the rendezvous ----------------------------------------------------------------
@@ -155,9 +83,7 @@ class RendezvousJob:
 
         self._rdzv = await in_thread(connect, "rdzv-connect")
         if self._rdzv.fallback is not None:  # a torch this daemon does not know: torch's own pace
-            self._events.emit(
-                "rendezvous_fallback", logging.WARNING, torch=self._rdzv.torch, why=self._rdzv.fallback
-            )
+            self._events.emit(RendezvousFallback(torch=self._rdzv.torch, why=self._rdzv.fallback))
         return True
 
     async def join(self, generation: int) -> JobGeneration:

@@ -14,11 +14,12 @@ import os
 import random
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
+
+from supervisor.clock import SYSTEM, Clock
 
 # straggler medians: SAMPLE_NODES other nodes read (2 requests each) every
 # sample_every(N) s, so that the whole job makes at most SAMPLE_BUDGET of these a second
@@ -37,8 +38,9 @@ class NodeTable:
     of the rendezvous (raising while there is none); every store call is blocking,
     made from the rendezvous' threads or from threads of this class's own."""
 
-    def __init__(self, store: Callable[[], Any]) -> None:
+    def __init__(self, store: Callable[[], Any], clock: Clock = SYSTEM) -> None:
         self.host = socket.gethostname()
+        self._clock = clock
         self.nnodes = 1  # the job's size at the last round: how often to sample
         self._store = store
         self._slot: int | None = None  # this daemon's entry in the table
@@ -74,7 +76,7 @@ class NodeTable:
     def note(self, state: str, **fields: Any) -> None:
         """Record this node's state; published with the next store access."""
         with self._lock:
-            self._status = {**self._status, "state": state, **fields, "updated": round(time.time(), 3)}
+            self._status = {**self._status, "state": state, **fields, "updated": round(self._clock.wall(), 3)}
         if self._slot is not None:
             self._publish()
 
@@ -97,7 +99,7 @@ class NodeTable:
         try:
             nodes = self._statuses(range)
             with self._lock:
-                self._nodes, self._nodes_at = nodes, time.monotonic()
+                self._nodes, self._nodes_at = nodes, self._clock.monotonic()
         except Exception:  # noqa: S110 - status only; the next status asks again
             pass
         finally:
@@ -111,7 +113,8 @@ class NodeTable:
         would cost the store N^2 requests a round; a sample of eight nodes' ranks is
         enough for the job's typical step time."""
         with self._lock:
-            stale = time.monotonic() - self._sample_at > sample_every(self.nnodes) and not self._sampling
+            age = self._clock.monotonic() - self._sample_at
+            stale = age > sample_every(self.nnodes) and not self._sampling
             if stale and self._slot is not None:
                 self._sampling = True
                 threading.Thread(target=self._read_sample, name="rdzv-sample", daemon=True).start()
@@ -130,13 +133,13 @@ class NodeTable:
             pass
         finally:
             with self._lock:
-                self._sample_at, self._sampling = time.monotonic(), False
+                self._sample_at, self._sampling = self._clock.monotonic(), False
 
     def nodes(self) -> list[dict[str, Any]]:
         """The job's node table as last read. Reading it costs the store two requests
         a node, so it is read only when someone asks (status), in the background."""
         with self._lock:
-            stale = time.monotonic() - self._nodes_at > NODES_FRESH and not self._nodes_reading
+            stale = self._clock.monotonic() - self._nodes_at > NODES_FRESH and not self._nodes_reading
             if stale and self._slot is not None:
                 self._nodes_reading = True
                 threading.Thread(target=self._refresh_nodes, name="rdzv-nodes", daemon=True).start()

@@ -20,6 +20,7 @@ import pytest
 
 from supervisor.clock import Clock
 from supervisor.config.rendezvous import RdzvConfig
+from supervisor.core.catalogue import Event
 from supervisor.process.ports import free_port
 from tests.support import wait_until
 
@@ -207,15 +208,16 @@ def test_on_a_torch_it_does_not_know_the_rendezvous_is_torchs_own_and_says_so(
     from supervisor.coord.job import RendezvousJob  # noqa: PLC0415
 
     monkeypatch.setattr(torch_private, "KNOWN", "2.12")
-    events: list[tuple[str, int, dict[str, Any]]] = []
+    events: list[Event] = []
 
     class Sink:
-        def emit(self, event: str, level: int = logging.INFO, **fields: Any) -> None:
-            events.append((event, level, fields))
+        def emit(self, event: Event, level: int | None = None) -> None:
+            events.append(event)
 
     asyncio.run(RendezvousJob(config(endpoint, "r8"), None, Sink()).start())
-    assert [(e, lvl) for e, lvl, _ in events] == [("rendezvous_fallback", logging.WARNING)]
-    assert events[0][2]["torch"] == torch.__version__ and "2.12" in events[0][2]["why"]
+    assert [(e.NAME, e.LEVEL) for e in events] == [("rendezvous_fallback", logging.WARNING)]
+    fields = events[0].as_dict()
+    assert fields["torch"] == torch.__version__ and "2.12" in fields["why"]
     # torch's handler as it is (under our name), and the round still works
     PAUSED.clear()
     a = made(config(endpoint, "r6"), Noting())

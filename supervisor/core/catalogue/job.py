@@ -19,6 +19,13 @@ class RendezvousJoined(Event, name="rendezvous_joined"):
     restarts_used: int
 
 
+class RendezvousFallback(Event, name="rendezvous_fallback", level=WARNING):
+    """A torch this daemon does not know: the rendezvous runs at torch's own pace and keep-alive."""
+
+    torch: str
+    why: str
+
+
 class RendezvousLeaveFailed(Event, name="rendezvous_leave_failed", level=WARNING):
     """This node could not tell the rendezvous it left (the others notice by timeout)."""
 
