@@ -1,6 +1,6 @@
 """Job-wide agreement between the daemons of a multi-node job, as pure functions.
 
-Every node of a rendezvous round publishes one outcome when its generation
+Every node of a job generation publishes one outcome when its generation
 ends (its own decision, or the one it follows); each node then applies
 ``joint`` to the same set of outcomes, so all act alike without a leader:
 
@@ -48,7 +48,7 @@ FREE_REASONS = frozenset({Reason.MEMBERSHIP, Reason.OPERATOR_REQUEST, Reason.PEE
 
 @dataclass(frozen=True, slots=True)
 class NodeOutcome:
-    """How one node's generation of a round ended, as published to the others."""
+    """How one node's generation of a job generation ended, as published to the others."""
 
     node_rank: int
     action: Action  # CONTINUE: every rank of the node succeeded
@@ -92,7 +92,7 @@ class NodeOutcome:
 
 
 def joint(own: NodeOutcome, outcomes: Iterable[NodeOutcome]) -> Action:
-    """What this node does once every node of the round has published its outcome.
+    """What this node does once every node of the job generation has published its outcome.
 
     ``outcomes`` holds every node's outcome, this node's included (and a lost
     node's as a reschedule): the same set on every node, hence the same job-wide
@@ -116,7 +116,7 @@ def _job_wide(o: NodeOutcome) -> bool:
 
 
 def spends_budget(outcomes: Iterable[NodeOutcome]) -> bool:
-    """Does a restart of this round count against the job's --max-restarts?
+    """Does a restart of this job generation count against the job's --max-restarts?
 
     A node joining stops every node's ranks, each at its own moment: a rank still in
     a collective when its peer was stopped fails with a reset connection before its
@@ -138,7 +138,7 @@ def follow(news: PeerNews, budget: Budget, now: float, detail: str) -> Decision:
     reason = FOLLOW_REASON[news]
     if reason is not Reason.NODE_LOST or budget.remaining(now) > 0:
         # a failure elsewhere is judged (budget included) by the node that
-        # failed; every node counts the round's restart once outcomes are known
+        # failed; every node counts the job generation's restart once outcomes are known
         return Decision(Action.RESTART, reason, detail)
     return Decision(
         Action.RESCHEDULE,
@@ -154,9 +154,9 @@ def lost(
     now: float,
     bound: float,
 ) -> frozenset[int]:
-    """Node ranks of the round whose daemon is gone.
+    """Node ranks of the job generation whose daemon is gone.
 
-    ``members`` maps each node rank of the round to its rendezvous identity;
+    ``members`` maps each node rank of the job generation to its rendezvous identity;
     ``participants`` and ``heartbeats`` (wall-clock seconds) are the rendezvous
     state now. A member is gone when the rendezvous dropped it, or when its last
     keep-alive is older than ``bound`` (the keep-alive interval times the
@@ -182,13 +182,13 @@ def look_every(nnodes: int, floor: float, job_per_second: float) -> float:
     return max(floor, nnodes / job_per_second)
 
 
-# the fields every node of a round shares when it only follows (same action,
+# the fields every node of a job generation shares when it only follows (same action,
 # reason and detail): one entry for all of them, with their node ranks and hosts
 _SHARED = ("action", "reason", "detail", "rule", "peer")
 
 
 def pack(outcomes: Iterable[NodeOutcome]) -> list[dict[str, object]]:
-    """A round's outcomes as published once for every node: grouped by what they
+    """A job generation's outcomes as published once for every node: grouped by what they
     share, so 1,000 nodes that follow one failure cost one entry, not 1,000."""
     groups: dict[tuple[object, ...], tuple[dict[str, object], list[list[object]]]] = {}
     for o in outcomes:
@@ -203,7 +203,7 @@ def pack(outcomes: Iterable[NodeOutcome]) -> list[dict[str, object]]:
 def unpack(data: object) -> list[NodeOutcome]:
     """Raises ValueError for anything but what ``pack`` wrote; sorted by node rank."""
     if not isinstance(data, list):
-        raise ValueError(f"a round's outcomes are a list, not {type(data).__name__}")  # noqa: TRY004 - one error type for callers
+        raise ValueError(f"a job generation's outcomes are a list, not {type(data).__name__}")  # noqa: TRY004 - one error type for callers
     out = []
     for group in data:
         if not isinstance(group, dict) or not isinstance(group.get("nodes"), list):

@@ -10,7 +10,8 @@ from supervisor.core.types import Decision
 from supervisor.postmortem.replay import Judged, ReplayedRun
 
 _ENDS = {
-    "success": "no failure: the run succeeded",
+    "succeeded": "no failure: the run succeeded",
+    "success": "no failure: the run succeeded",  # reason.json before the vocabulary pass
     "continue": "no failure: a rank asked to end the run",
     "stopped": "no failure ended the run: it was stopped by a signal",
     "unfinished": "the daemon never finished this run (killed?): no reason file",

@@ -91,7 +91,7 @@ class ReplayedRun:
     """A run directory, judged again."""
 
     run_dir: Path
-    outcome: str  # as reason.json's: success | continue | stopped | restart | reschedule | abort | failed
+    outcome: str  # as reason.json's: succeeded | continue | stopped | restart | reschedule | abort | failed
     exit_code: int | None  # None: the daemon never finished (killed)
     judged: tuple[Judged, ...]
     final: Judged | None  # the decision the run ended on, when a failure ended it
@@ -325,7 +325,7 @@ def _outcome(run: RunLog, decision: Decision | None) -> str:
     if run.stop is not None:
         return "stopped"
     if code == 0:
-        return "continue" if decision is not None and decision.action is Action.CONTINUE else "success"
+        return "continue" if decision is not None and decision.action is Action.CONTINUE else "succeeded"
     if decision is not None and decision.action is not Action.RESTART:
         return str(decision.action)
     return "failed" if run.finished is not None else "unfinished"
@@ -343,7 +343,7 @@ def replay(run: RunLog, registry: Registry, settings: Settings) -> ReplayedRun:
                       judge.decision)  # fmt: skip
     here = {p.name for p in registry.loaded}
     missing = tuple(str(p) for p in (run.plugins or {}).get("plugins") or () if p not in here)
-    by_failure = outcome not in ("success", "continue", "stopped", "unfinished")
+    by_failure = outcome not in ("succeeded", "continue", "stopped", "unfinished")
     code = None if run.finished is None else run.finished.get("exit_code")
     return ReplayedRun(
         run_dir=run.run_dir,

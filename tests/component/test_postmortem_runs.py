@@ -66,7 +66,7 @@ def test_a_run_that_recovered_says_it_succeeded_and_what_it_recovered_from(
     assert "no failure: the run succeeded" in text
     assert "decision: restart" not in text
     out = _json(str(run_dir))
-    assert (out["outcome"], out["decision"], out["rule"]) == ("success", None, None)
+    assert (out["outcome"], out["decision"], out["rule"]) == ("succeeded", None, None)
     recovered = _reason(run_dir)["last_failure"]
     mine = out["last_failure"]
     assert [mine[k] for k in ("generation", "rule", "rank", "action")] == [0, "X-SIGKILL", 1, "restart"]
@@ -119,5 +119,5 @@ def test_a_run_ids_directory_judges_each_of_its_runs(start: Start, tmp_path: Pat
     out = _json(str(shared / "t"))
     assert [(r["outcome"], r["rule"], r["rank"]) for r in out["runs"]] == [
         ("reschedule", "unclassified", 1),
-        ("success", None, None),
+        ("succeeded", None, None),
     ]

@@ -51,7 +51,7 @@ def test_a_run_that_simply_succeeds_decides_nothing(tmp_path: Path) -> None:
     run = supervise(tmp_path, steady)
     assert run.code == 0, run.story()
     assert run.decisions() == []
-    assert reason_of(run)["outcome"] == "success"
+    assert reason_of(run)["outcome"] == "succeeded"
     assert run.one("generation_ended")["result"] == "succeeded"
 
 

@@ -96,12 +96,12 @@ def reason(
     if stopped:
         result = "stopped"
     elif code == 0:
-        result = "success" if decision is None or decision.action is not Action.CONTINUE else "continue"
+        result = "succeeded" if decision is None or decision.action is not Action.CONTINUE else "continue"
     elif decision is not None and decision.action is not Action.RESTART:
         result = str(decision.action)
     else:
         result = "failed"
-    ended_by_failure = result not in ("success", "continue", "stopped")
+    ended_by_failure = result not in ("succeeded", "continue", "stopped")
     evidence = None if judgement is None else judgement.evidence
     c = None if judgement is None else judgement.classification
     content = outcome.reason(

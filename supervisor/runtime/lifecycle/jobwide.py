@@ -14,7 +14,7 @@ from supervisor.core.types import Action, Decision
 def own_outcome(
     job_gen: JobGeneration, decision: Decision | None, c: Classification | None, node: str
 ) -> NodeOutcome:
-    """This node's outcome of the round, as its peers will read it."""
+    """This node's outcome of the job generation, as its peers will read it."""
     if decision is None:  # every rank of this node succeeded
         return NodeOutcome(job_gen.node_rank, Action.CONTINUE, node=node)
     return NodeOutcome(

@@ -87,7 +87,7 @@ class Launcher:
         self._signaller = signaller
         self._spawn = spawn
         self._force = force
-        self.topology = cfg.topology  # this node's place in the job, as of the last round
+        self.topology = cfg.topology  # this node's place in the job, as of the last job generation
         self._containment: Containment | None = None  # the run's, found with the first generation
         self._containing = asyncio.Lock()
         # the next generation's standbys: spawned, ready (preloaded) and how long that took
@@ -147,7 +147,7 @@ class Launcher:
         return self._follower.exited(rank)
 
     async def fit(self, gen: Generation, topology: Topology) -> Generation:
-        """The generation's ranks, for this node's place in the round.
+        """The generation's ranks, for this node's place in the job generation.
 
         A node whose rank or world changed (nodes joined or left) drops ranks
         spawned for its old place: RANK is fixed when a rank starts."""

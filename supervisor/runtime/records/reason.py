@@ -51,7 +51,7 @@ def reason(
     root = evidence.failures[0] if evidence is not None and evidence.failures else None
     c = classification
     return {
-        "outcome": outcome,  # success | restart | reschedule | abort | stopped | failed
+        "outcome": outcome,  # succeeded | continue | reschedule | abort | stopped | failed
         "exit_code": exit_code,
         "run_id": run_id,
         "node": node,
