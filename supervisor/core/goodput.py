@@ -65,9 +65,7 @@ from __future__ import annotations
 
 import bisect
 import functools
-import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.core.catalogue.checkpoints import CheckpointReported
@@ -87,145 +85,20 @@ from supervisor.core.catalogue.ranks import (
     RankStepping,
     WorkloadRequest,
 )
+from supervisor.core.goodput_figures import Incident, Summary
+from supervisor.core.goodput_tally import Tally, cause_rank, int_of, num, str_of
+
+__all__ = ["Incident", "Ledger", "Summary"]
 
 # the daemon's own notice of a failure, before or without a failed exit
 _SIGNS = (RankFailureReported.NAME, PeerNews.NAME, RestartRequested.NAME)
-# decisions of a node that only followed the job (its own ranks were healthy)
-_FOLLOWING = ("peer_failed", "membership", "node_lost", "stopped")
-
-
-@dataclass(frozen=True, slots=True)
-class Incident:
-    generation: int
-    action: str | None  # restart / reschedule / abort / continue; None: no decision (yet)
-    reason: str | None
-    rule: str | None
-    detail: str
-    rank: int | None  # the rank the classification blames, else the first failing one
-    sign: str  # the event that first showed the failure: rank_exited, rank_hung...
-    failed_at: float
-    noticed_at: float
-    detection: float
-    restart: float | None
-    recomputation: float
-    checkpoint_at: float | None  # the checkpoint recomputation counts from
-    iterations_lost: int | None
-
-    @property
-    def lost(self) -> float:
-        return self.detection + (self.restart or 0.0) + self.recomputation
-
-    def to_json(self) -> dict[str, Any]:
-        out = {name: getattr(self, name) for name in self.__slots__}
-        out["lost"] = self.lost
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class Summary:
-    started_at: float | None
-    ended_at: float | None
-    finished: bool  # every daemon run that started has finished
-    wall: float
-    productive: float
-    detection: float
-    restart: float
-    recomputation: float
-    restarts: int  # generations after the first
-    generations: int
-    checkpoints: int  # checkpoints saved (reports, every rank)
-    last_iteration: int | None
-    incidents: tuple[Incident, ...] = ()
-    stepping_at: float | None = None  # the first generation all stepping: start-up over
-
-    @property
-    def lost(self) -> float:
-        return self.detection + self.restart + self.recomputation
-
-    @property
-    def goodput(self) -> float:
-        return min(1.0, self.productive / self.wall) if self.wall > 0 else 0.0
-
-    @property
-    def overhead(self) -> float:
-        """Neither productive nor lost to an incident: start-up, shutdown."""
-        return max(0.0, self.wall - self.productive - self.lost)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {name: getattr(self, name) for name in self.__slots__}
-        out.update(lost=self.lost, goodput=self.goodput, overhead=self.overhead)
-        out["incidents"] = [i.to_json() for i in self.incidents]
-        return out
-
-
-@dataclass(slots=True)
-class _Gen:
-    number: int
-    started: float | None = None
-    ended: float | None = None
-    result: str | None = None
-    spawned: set[int] = field(default_factory=set)
-    stepping: dict[int, float] = field(default_factory=dict)  # rank -> its first step
-    first_iteration: int | None = None
-    last_iteration: int | None = None
-    failed_at: float | None = None
-    noticed_at: float | None = None
-    sign: str = ""
-    sign_rank: int | None = None
-    decided: bool = False
-    cause_rank: int = 0
-    action: str | None = None
-    reason: str | None = None
-    rule: str | None = None
-    detail: str = ""
-    blamed: int | None = None
-
-    def mark(self, sign: str, failed_at: float, noticed_at: float, rank: int | None) -> None:
-        if self.started is None or self.ended is not None:
-            return  # a standby's death, or the teardown's aftermath: not the failure
-        failed_at = max(failed_at, self.started)
-        if self.failed_at is None or failed_at < self.failed_at:
-            self.failed_at, self.sign, self.sign_rank = failed_at, sign, rank
-        if self.noticed_at is None or noticed_at < self.noticed_at:
-            self.noticed_at = noticed_at
-
-    @property
-    def failing(self) -> bool:
-        return self.decided or self.result == "failed" or (self.ended is None and self.failed_at is not None)
-
-
-def _cause_rank(decision: Mapping[str, Any]) -> int:
-    """How well a decision names the root cause: a rule of the rank's own failure beats a
-    rule that blames a peer, which beats no rule (a node following its peers)."""
-    if decision.get("rule") is None:
-        return 0
-    if decision.get("category") == "peer" or decision.get("reason") in _FOLLOWING:
-        return 1
-    return 2
-
-
-def _num(record: Mapping[str, Any], key: str) -> float | None:
-    v = record.get(key)
-    if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
-        return None
-    return float(v)
-
-
-def _int(record: Mapping[str, Any], key: str) -> int | None:
-    v = record.get(key)
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _str(record: Mapping[str, Any], key: str) -> str | None:
-    v = record.get(key)
-    return v if isinstance(v, str) else None
 
 
 class Ledger:
     """Events in, a ``Summary`` out. See the module's docstring for the definitions."""
 
     def __init__(self) -> None:
-        self._gens: dict[int, _Gen] = {}
+        self._gens: dict[int, Tally] = {}
         self._order: list[int] = []  # generations in the order they started
         self._runs_started = 0
         self._runs_finished = 0
@@ -253,7 +126,7 @@ class Ledger:
             self._handlers[sign] = functools.partial(self._sign, sign)
 
     def add(self, name: str, record: Mapping[str, Any]) -> None:
-        t = _num(record, "t_wall")
+        t = num(record, "t_wall")
         if t is None:
             return
         # fed in order: a clock that stepped back must not make intervals overlap
@@ -265,13 +138,13 @@ class Ledger:
 
     # -- filing events --------------------------------------------------------------
 
-    def _gen(self, record: Mapping[str, Any]) -> _Gen | None:
-        number = _int(record, "generation")
+    def _gen(self, record: Mapping[str, Any]) -> Tally | None:
+        number = int_of(record, "generation")
         if number is None:
             return None
         gen = self._gens.get(number)
         if gen is None:
-            gen = self._gens[number] = _Gen(number)
+            gen = self._gens[number] = Tally(number)
         return gen
 
     def _run_started(self, record: Mapping[str, Any], t: float) -> None:
@@ -294,25 +167,25 @@ class Ledger:
             return
         gen.ended = t if gen.ended is None else max(gen.ended, t)
         # "verdict": what event logs written before 2026-11 call it
-        result = _str(record, "result") or _str(record, "verdict")
+        result = str_of(record, "result") or str_of(record, "verdict")
         if result is not None and gen.result != "failed":
             gen.result = result
-        iteration = _int(record, "iteration")
+        iteration = int_of(record, "iteration")
         if iteration is not None:
             gen.last_iteration = max(iteration, gen.last_iteration or iteration)
 
     def _rank_spawned(self, record: Mapping[str, Any], t: float) -> None:
-        gen, rank = self._gen(record), _int(record, "rank")
+        gen, rank = self._gen(record), int_of(record, "rank")
         if gen is not None and rank is not None:
             gen.spawned.add(rank)
 
     def _rank_stepping(self, record: Mapping[str, Any], t: float) -> None:
-        gen, rank = self._gen(record), _int(record, "rank")
+        gen, rank = self._gen(record), int_of(record, "rank")
         if gen is None or rank is None or gen.started is None:
             return
         gen.stepping.setdefault(rank, t)
         self._stepped.add(rank)
-        iteration = _int(record, "iteration")
+        iteration = int_of(record, "iteration")
         if iteration is not None:
             gen.first_iteration = min(iteration, gen.first_iteration or iteration)
             gen.last_iteration = max(iteration, gen.last_iteration or iteration)
@@ -320,28 +193,28 @@ class Ledger:
     def _rank_exited(self, record: Mapping[str, Any], t: float) -> None:
         gen = self._gen(record)
         if gen is not None and record.get("state") == "failed" and not record.get("standby"):
-            gen.mark(RankExited.NAME, t, t, _int(record, "rank"))
+            gen.mark(RankExited.NAME, t, t, int_of(record, "rank"))
 
     def _rank_hung(self, record: Mapping[str, Any], t: float) -> None:
         gen = self._gen(record)
         if gen is not None:
-            silent = max(0.0, _num(record, "open_for") or 0.0)
-            gen.mark(RankHung.NAME, t - silent, t, _int(record, "rank"))
+            silent = max(0.0, num(record, "open_for") or 0.0)
+            gen.mark(RankHung.NAME, t - silent, t, int_of(record, "rank"))
 
     def _sign(self, name: str, record: Mapping[str, Any], t: float) -> None:
         gen = self._gen(record)
         if gen is not None:
-            gen.mark(name, t, t, _int(record, "rank"))
+            gen.mark(name, t, t, int_of(record, "rank"))
 
     def _workload_request(self, record: Mapping[str, Any], t: float) -> None:
         gen = self._gen(record)
         if gen is not None and record.get("action") not in (None, "continue"):
-            gen.mark(WorkloadRequest.NAME, t, t, _int(record, "rank"))
+            gen.mark(WorkloadRequest.NAME, t, t, int_of(record, "rank"))
 
     def _checkpoint(self, record: Mapping[str, Any], t: float) -> None:
         if record.get("checkpoint") != "saved":
             return
-        iteration = _int(record, "iteration")
+        iteration = int_of(record, "iteration")
         at = bisect.bisect_right(self._saved_at, t)  # merged nodes may be a little out of order
         self._saved_at.insert(at, t)
         self._saved_iteration.insert(at, iteration)
@@ -353,14 +226,14 @@ class Ledger:
         gen = self._gen(record)
         if gen is None or gen.started is None:
             return
-        gen.action = _str(record, "action")
-        rank = _cause_rank(record)
+        gen.action = str_of(record, "action")
+        rank = cause_rank(record)
         if not gen.decided or rank > gen.cause_rank:
             gen.cause_rank = rank
-            gen.reason = _str(record, "reason")
-            gen.rule = _str(record, "rule")
-            gen.detail = _str(record, "detail") or ""
-            gen.blamed = _int(record, "rank")
+            gen.reason = str_of(record, "reason")
+            gen.rule = str_of(record, "rule")
+            gen.detail = str_of(record, "detail") or ""
+            gen.blamed = int_of(record, "rank")
         gen.decided = True
         if gen.failed_at is None:  # nothing failed here: the decision is the first sign
             gen.failed_at = gen.noticed_at = max(gen.started, min(t, gen.ended or t))
@@ -368,8 +241,8 @@ class Ledger:
 
     def _job_decision(self, record: Mapping[str, Any], t: float) -> None:
         gen = self._gen(record)
-        if gen is not None and gen.decided and _str(record, "action") is not None:
-            gen.action = _str(record, "action")
+        if gen is not None and gen.decided and str_of(record, "action") is not None:
+            gen.action = str_of(record, "action")
 
     # -- accounting -------------------------------------------------------------------
 
@@ -426,11 +299,11 @@ class Ledger:
         )
 
     @staticmethod
-    def _gen_end(gen: _Gen, end: float) -> float:
+    def _gen_end(gen: Tally, end: float) -> float:
         started = gen.started if gen.started is not None else end
         return min(end, max(started, gen.ended if gen.ended is not None else end))
 
-    def _stepping_at(self, gen: _Gen, gen_end: float) -> float | None:
+    def _stepping_at(self, gen: Tally, gen_end: float) -> float | None:
         """When the generation's ranks were all stepping (the definitions above); None: not yet."""
         started = gen.started if gen.started is not None else gen_end
         limit = gen_end if gen.failed_at is None else min(gen_end, gen.failed_at)
@@ -449,7 +322,7 @@ class Ledger:
             at = limit if self._stepped else started
         return min(max(at, started), limit)
 
-    def _incident(self, gen: _Gen, after: _Gen | None, stepping: float | None, end: float) -> Incident:
+    def _incident(self, gen: Tally, after: Tally | None, stepping: float | None, end: float) -> Incident:
         started = gen.started if gen.started is not None else end
         failed = gen.failed_at if gen.failed_at is not None else self._gen_end(gen, end)
         noticed = max(failed, gen.noticed_at if gen.noticed_at is not None else failed)

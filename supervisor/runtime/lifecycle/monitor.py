@@ -19,9 +19,7 @@ from supervisor.core.catalogue.checkpoints import CheckpointReported
 from supervisor.core.catalogue.ranks import (
     ChildException,
     ExceptionReported,
-    HeartbeatsUnmonitored,
     MessageFailed,
-    NvrxServed,
     RankConnected,
     RankStepping,
     TimeoutsCalculated,
@@ -32,6 +30,7 @@ from supervisor.core.learning import CHECKPOINTING, Calculation, Learned, calcul
 from supervisor.core.types import ReportedException
 from supervisor.core.watch import STEP, Hang, RankWatch, Timeouts
 from supervisor.runtime.lifecycle.inbox import Inbox
+from supervisor.runtime.lifecycle.notices import Notices
 from supervisor.runtime.lifecycle.timers import Timers
 from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.services.loopwatch import LoopWatch
@@ -86,8 +85,7 @@ class Monitor:
         self._hung: set[int] = set()
         self._stepping_ranks: set[int] = set()
         self.stepping = asyncio.Event()  # every rank of the generation completed a step
-        self._told_unmonitored = False
-        self._nvrx_served = False  # told once per run, by the first rank that uses it
+        self._notices = Notices(events)
         self._handler_errors: set[str] = set()  # message kinds whose handling raised (told once)
         # the checkpoint interval advice (runtime.services.checkpoint_interval): a save's time
         # goes to it, and a rank's question is answered from it
@@ -199,7 +197,7 @@ class Monitor:
         match m:
             case schema.Heartbeat():
                 watch.heartbeat(now)
-                self._unmonitored(m.rank)
+                self._notices.unmonitored(self.generation, m.rank, self.timeouts)
             case schema.Section():
                 self._section(watch, m, now)
                 self._stepping(watch)
@@ -308,33 +306,6 @@ class Monitor:
         request = schema.encode("save", id=request_id, reason=reason, deadline=deadline)
         return self.inbox.send(identity, request)
 
-    def _unmonitored(self, rank: int) -> None:
-        """Heartbeats nobody holds the rank to: say so once, a hang would go unnoticed.
-
-        Not where sections or the out-of-section time hold it (Lightning's callback sends
-        both): the heartbeats are then merely unused, and a hang is still caught.
-        """
-        t = self.timeouts
-        if t.heartbeat is not None or t.sections or t.out_of_section is not None or self._told_unmonitored:
-            return
-        self._told_unmonitored = True
-        self._events.emit(HeartbeatsUnmonitored(
-            generation=self.generation, rank=rank,
-            detail="heartbeats arrive but no heartbeat timeout is in force: set --ft-rank-heartbeat-timeout, "
-            "or have the workload calculate it (calculate_and_set_hb_timeouts)",
-        ))  # fmt: skip
-
-    def _served_nvrx(self, m: schema.NvrxServed) -> None:
-        """Which NVRx the ranks' unchanged code was written against, once: its client is ours."""
-        if self._nvrx_served:
-            return
-        self._nvrx_served = True
-        self._events.emit(NvrxServed(
-            generation=self.generation, rank=m.rank, version=m.version,
-            detail="nvidia_resiliency_ext.fault_tolerance is served by ft-supervisor's client "
-            "(supervisor.client.nvrx); the rest of nvidia-resiliency-ext is its own",
-        ))  # fmt: skip
-
     def _answer(self, m: schema.Calculate | schema.AdviceQuery) -> None:
         """A question the workload waits on: the answer comes back on its own socket."""
         if isinstance(m, schema.AdviceQuery):
@@ -367,7 +338,7 @@ class Monitor:
     def _hello(self, m: schema.Hello | schema.NvrxServed, watch: RankWatch) -> None:
         """What a rank says of itself: its process, and which client it is."""
         if isinstance(m, schema.NvrxServed):
-            self._served_nvrx(m)
+            self._notices.nvrx(self.generation, m)
             return
         # a rank's forked children may init the client too: only the rank's
         # own process may be signalled for its stacks
