@@ -20,11 +20,12 @@ from supervisor.runtime.lifecycle.ended import GenerationEnded
 
 
 def ended(**given: object) -> GenerationEnded:
-    values: dict[str, object] = dict(
-        number=3, result=GroupResult.FAILED, started=True, started_at=100.0, stop_wall=None, stop_mono=None,
-        trouble_at=None, ranks=(), unkillable=(), restart_requested=False, decided=None, requests=(),
-        reported=False, news=None, iterations=(), saved=False, bundle=None,
-    )  # fmt: skip
+    values: dict[str, object] = {
+        "number": 3, "result": GroupResult.FAILED, "started": True, "started_at": 100.0, "stop_wall": None,
+        "stop_mono": None, "trouble_at": None, "ranks": (), "unkillable": (), "restart_requested": False,
+        "decided": None, "requests": (), "reported": False, "news": None, "iterations": (), "saved": False,
+        "bundle": None,
+    }  # fmt: skip
     values.update(given)
     return GenerationEnded(**values)  # type: ignore[arg-type]
 
@@ -38,7 +39,7 @@ def ended(**given: object) -> GenerationEnded:
         ({"result": GroupResult.STOPPED, "news": (PeerNews.ENDED, "node 1")}, Basis.FOLLOW_PEER),
         # a rank that failed on its own in the same instant says more than the news
         ({"result": GroupResult.FAILED, "news": (PeerNews.ENDED, "node 1")}, Basis.JUDGE),
-        ({"result": GroupResult.SUCCEEDED, "requests": (WorkloadRequest(0, "abort", "bad data"),)}, Basis.JUDGE),
+        ({"result": GroupResult.SUCCEEDED, "requests": (WorkloadRequest(0, "abort", "data"),)}, Basis.JUDGE),
     ],
 )
 def test_the_basis_of_an_ended_generation(given: dict[str, object], basis: Basis) -> None:
@@ -62,8 +63,8 @@ def test_a_spent_restart_is_a_new_memory_and_the_old_one_stays() -> None:
 
 
 def test_an_operators_restart_is_decided_without_this_nodes_evidence() -> None:
-    judgement = deciding.undisputed(Basis.OPERATOR_RESTART, ended(restart_requested=True), Memory(Budget(1)), 0.0,
-                                    "node-a")  # fmt: skip
+    asked = ended(restart_requested=True)
+    judgement = deciding.undisputed(Basis.OPERATOR_RESTART, asked, Memory(Budget(1)), 0.0, "node-a")
     assert (judgement.decision.action, judgement.decision.reason) == (Action.RESTART, Reason.OPERATOR_REQUEST)
     assert judgement.evidence == Evidence((), generation=3, node="node-a")
     assert judgement.classification is None
@@ -83,7 +84,8 @@ def test_an_operators_restart_is_decided_without_this_nodes_evidence() -> None:
 def test_reason_json_names_how_the_run_ended(
     tmp_path: Path, code: int, stopped: bool, decision: Decision | None, outcome: str
 ) -> None:
-    cfg = build_run_config(build_parser().parse_args(["run", "--no-python", "--max-restarts", "3", "true"]), {})
+    argv = ["run", "--no-python", "--max-restarts", "3", "true"]
+    cfg = build_run_config(build_parser().parse_args(argv), {})
     judgement = None if decision is None else Judgement(Evidence((), generation=1, node="n"), None, decision)
     content = closing.reason(code, cfg, judgement, node="n", restarts_used=1, stopped=stopped, generation=1)
     assert (content["outcome"], content["exit_code"]) == (outcome, code)
