@@ -69,25 +69,28 @@ def save(local: Path, step: int, settled: bool = True) -> str:
 
 def checkpointing(local: Path, steps: int | None, *, wait_dest: Path | None = None,
                   save_on_term: bool = False, settled: bool = True):  # fmt: skip
+    """tests/fixtures/ranks/checkpointing.py: a checkpoint each 0.05 s step; ``wait_dest``:
+    until DEST has it; ``save_on_term``: SIGTERM saves one more, then it exits 0."""
+
     async def script(r: Rank) -> int | None:
-        r.hello()
+        step = 0
+
+        def on_signal(signum: int) -> None:  # the rank's SIGTERM handler
+            if signum == signal.SIGTERM and r.proc.returncode is None:
+                r.log(f"saved {save(local, step, settled)} on SIGTERM", stream="stdout")
+                r._end(0)
+            else:
+                Rank.signal(r, signum)
+
         if save_on_term:
-
-            def on_signal(signum: int) -> None:
-                if signum == signal.SIGTERM and r.proc.returncode is None:
-                    r.log(f"saved {save(local, r.step_now, settled)} on SIGTERM", stream="stdout")
-                    r._end(0)
-                else:
-                    Rank.signal(r, signum)
-
             r.signal = on_signal  # type: ignore[method-assign]
-        r.step_now = 0  # type: ignore[attr-defined]
-        while steps is None or r.step_now < steps:  # type: ignore[attr-defined]
+        r.hello()
+        while steps is None or step < steps:
             await r.sleep(0.05)
-            name = save(local, r.step_now, settled)  # type: ignore[attr-defined]
+            name = save(local, step, settled)
             while wait_dest is not None and not (wait_dest / name).exists():
                 await r.sleep(0.02)
-            r.step_now += 1  # type: ignore[attr-defined]
+            step += 1
         return 0
 
     return script
