@@ -1,20 +1,19 @@
-"""``ft-supervisor classify`` and ``ft-supervisor plugins``, as an SRE runs them."""
+"""``ft-supervisor classify`` and ``ft-supervisor plugins``, as an SRE runs them. classify on the
+run directories a daemon leaves: tests/fast/test_postmortem_runs.py."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from supervisor.postmortem import KEEP_FIRST, KEEP_LAST, TAIL, scan
 from supervisor.process.ports import free_port
-from tests.support import RANKS, REPO, Daemon
+from tests.support import RANKS, REPO
 
-Start = Callable[..., Daemon]
 CORPUS = REPO / "tests" / "fixtures" / "failures"
 WATCHDOG = (
     "[rank1]:[E1122 10:00:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective "
@@ -46,18 +45,6 @@ def test_classify_a_log_and_a_kernel_log(tmp_path: Path) -> None:
     out = json.loads(_cli("classify", "--json", str(log), "--dmesg", str(dmesg)).stdout)
     assert out["classification"]["rule"] == "H1"
     assert out["decision"]["action"] == "reschedule"
-
-
-def test_classify_a_run_directory_the_daemon_left(start: Start) -> None:
-    d = start("--nproc-per-node", "2", "--preload", "none", str(RANKS / "fails.py"),
-              "--say", WATCHDOG, "--exit", "1")  # fmt: skip
-    d.wait()
-    run_dir = d.run_dir()
-    assert run_dir is not None
-    out = json.loads(_cli("classify", "--json", str(run_dir)).stdout)
-    assert (out["classification"]["rule"], out["classification"]["rank"]) == ("N1", 1)
-    # the same answer the daemon gave
-    assert d.events("decision")[0]["rule"] == "N1"
 
 
 def test_user_rules_reach_lines_without_a_keyword(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Checkpoint sync through the whole daemon: a run killed mid-way resumes, on a fresh
-LOCAL, from the checkpoint copied back from DEST; the last sync runs when the run
-ends; retention keeps the K newest."""
+LOCAL, from the checkpoint copied back from DEST; the settle time is judged on real
+mtimes. The last sync at the end (normal or SIGTERM) and retention run through the
+daemon's loop in tests/fast/test_checkpoints.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.support import RANKS, Daemon, wait_until
+from tests.support import RANKS, Daemon
 
 RANK = str(RANKS / "checkpointing.py")
 FAST = ("--nproc-per-node", "1", "--preload", "none")
@@ -82,81 +83,6 @@ def test_a_killed_run_resumes_on_an_empty_local_from_the_copy_back(start: Start,
     assert not [p for p in dest.iterdir() if p.name.startswith(".ft-tmp.")]  # the kill's leftovers cleaned
     # what was copied back is not sent again
     assert all(synced[-1] not in e["entries"] for e in second.events("checkpoint_synced"))
-
-
-def test_sigterm_ends_with_a_last_sync_after_the_ranks_are_gone(start: Start, tmp_path: Path) -> None:
-    local, dest = tmp_path / "local", tmp_path / "dest"
-    # a settle time no checkpoint reaches while ranks run: only the last sync sends anything
-    d = start(
-        *FAST,
-        *sync_args(local, dest, "--checkpoint-frequency", "1h", "--checkpoint-settle", "60"),
-        RANK,
-        "--dir",
-        str(local),
-        "--save-on-term",
-    )
-    wait_until(lambda: len(list(local.glob("step_*.json"))) >= 3, 30, "three checkpoints in LOCAL")
-    d.signal(signal.SIGTERM)
-    assert d.wait() == 128 + signal.SIGTERM, d.stderr()
-    # the checkpoint the rank saved on SIGTERM is the newest, and at DEST
-    newest = max(p.name for p in local.glob("step_*.json"))
-    assert "on SIGTERM" in d.stdout()
-    assert newest in committed(dest)
-    final = d.events("checkpoint_synced")
-    assert len(final) == 1 and final[0]["final"] and newest in final[0]["entries"]
-    assert sorted(committed(dest)) == sorted(p.name for p in local.glob("step_*.json"))
-
-
-def test_a_normal_end_syncs_the_last_checkpoint(start: Start, tmp_path: Path) -> None:
-    local, dest = tmp_path / "local", tmp_path / "dest"
-    d = start(
-        *FAST,
-        *sync_args(local, dest, "--checkpoint-frequency", "1h", "--checkpoint-settle", "60"),
-        RANK,
-        "--dir",
-        str(local),
-        "--steps",
-        "2",
-        "--step-time",
-        "0",
-    )
-    assert d.wait() == 0, d.story()
-    skipped = d.events("checkpoint_restore_skipped")
-    assert [e["reason"] for e in skipped] == ["dest_empty"]
-    synced = d.events("checkpoint_synced")
-    assert [(e["entries"], e["final"]) for e in synced] == [(["step_000001.json", "step_000000.json"], True)]
-    assert sorted(committed(dest)) == ["step_000000.json", "step_000001.json"]
-
-
-def test_retention_keeps_the_k_newest_at_dest_and_all_in_local(start: Start, tmp_path: Path) -> None:
-    local, dest = tmp_path / "local", tmp_path / "dest"
-    d = start(
-        *FAST,
-        *sync_args(
-            local,
-            dest,
-            "--checkpoint-frequency",
-            "0.1",
-            "--checkpoint-settle",
-            "0.05",
-            "--checkpoint-keep",
-            "2",
-        ),
-        RANK,
-        "--dir",
-        str(local),
-        "--steps",
-        "5",
-        "--step-time",
-        "0",
-        "--wait-dest",
-        str(dest),
-    )
-    assert d.wait() == 0, d.story()
-    assert sorted(committed(dest)) == ["step_000003.json", "step_000004.json"]
-    pruned = [n for e in d.events("checkpoint_pruned") for n in e["entries"]]
-    assert sorted(pruned) == ["step_000000.json", "step_000001.json", "step_000002.json"]
-    assert len(list(local.glob("step_*.json"))) == 5  # LOCAL is never pruned
 
 
 def test_a_checkpoint_replaced_by_rename_more_often_than_the_settle_time_is_uploaded(
