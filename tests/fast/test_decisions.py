@@ -298,3 +298,71 @@ def test_what_a_killed_ranks_forked_helper_says_after_its_death_decides_nothing(
     assert decisions(run) == [(0, "restart", "rank_failed", 1, "X-SIGKILL")]
     assert not run.named("exception_reported")
     assert classify_agrees(run)["last_failure"]["rule"] == "X-SIGKILL"
+
+
+@pytest.mark.parametrize(("asked", "action"), [("exclude_node", "reschedule"), ("shutdown", "continue")])
+def test_nvrx_workload_control_requests_reach_the_daemon(tmp_path: Path, asked: str, action: str) -> None:
+    """tests/fixtures/ranks/nvrx_style.py: rank 1 fails at iteration 3 and, as NVRx's
+    client is asked to, sends a workload control request before its exception ends it:
+    the request decides, and nothing is restarted."""
+
+    async def nvrx_style(r: Rank) -> int | None:
+        r.hello()
+        for step in range(10):
+            if (r.rank, step) == (1, 3):
+                error = f"rank {r.rank}: uncorrectable ECC error (simulated)"
+                r.send("request", action=asked, reason=error)
+                r.send("bye")  # shutdown_workload_monitoring()
+                return r.raise_("RuntimeError", error)
+            await r.step(step, 0.1)
+        return 0
+
+    run = supervise(tmp_path, nvrx_style, "--max-restarts", "1", "--ft-rank-section-timeouts",
+                    "init:10,step:10,checkpoint:10")  # fmt: skip
+    requests = run.named("workload_request")
+    assert [(e["rank"], e["action"]) for e in requests] == [(1, asked)], run.story()
+    assert "uncorrectable ECC error" in requests[0]["reason"]
+    assert run.decisions() == [(action, "workload_request")]
+    assert [e["generation"] for e in run.named("generation_started")] == [0]  # no restart
+
+
+@pytest.mark.parametrize("kind", ["rank_hung", "sleep", "exception", "rank_killed"])
+def test_simulated_faults_are_detected_and_recovered(tmp_path: Path, kind: str) -> None:
+    """FT_SIM_FAULT_DESC's faults (supervisor.client.faults) as the daemon sees them, on
+    rank 1 0.3 s into generation 0: silence (rank_hung; sleep, in the fault's handler),
+    an exception, a SIGKILL. (The handler in a real rank's stacks:
+    tests/integration/test_client_adapters.py.)"""
+
+    async def faulty(r: Rank) -> int | None:
+        r.hello(stack_signal=signal.SIGUSR1)
+        r.stacks = OWN_CODE
+        for step in range(30):
+            if (r.generation, r.rank, step) == (0, 1, 3):
+                r.log(f"FT: simulating fault: {kind} on rank 1")
+                if kind in ("rank_hung", "sleep"):
+                    await r.hang()
+                if kind == "rank_killed":
+                    return -signal.SIGKILL
+                return r.raise_("SimulatedFaultError", "simulated fault: exception on rank 1")
+            r.heartbeat()
+            await r.sleep(0.1)
+        return 0
+
+    run = supervise(tmp_path, faulty, "--max-restarts", "1", "--ft-rank-heartbeat-timeout", "0.5",
+                    "--ft-rank-section-timeouts", "step:5")  # fmt: skip
+    assert run.code == 0, run.story()
+    if kind in ("rank_hung", "sleep"):
+        hung = run.one("rank_hung")
+        assert (hung["generation"], hung["rank"], hung["kind"], hung["section"]) == (0, 1, "heartbeat", None)
+        dumped = next(e for e in run.named("stacks_dumped") if e["rank"] == 1)
+        assert dumped["generation"] == 0 and "stuck_here" in dumped["stacks"]
+        assert run.decisions() == [("restart", "rank_hung")]
+    else:
+        failed = [e for e in run.named("rank_exited") if e["state"] == "failed"]
+        assert [e["rank"] for e in failed] == [1]
+        assert (failed[0]["exit_code"], failed[0]["signal"]) == ((None, "SIGKILL") if kind == "rank_killed"
+                                                                 else (1, None))  # fmt: skip
+        assert not run.named("rank_hung")
+        assert run.decisions() == [("restart", "rank_failed")]
+    done = {e["rank"] for e in run.named("rank_exited") if e["generation"] == 1 and e["exit_code"] == 0}
+    assert done == {0, 1}

@@ -1,11 +1,13 @@
 """Hang detection on virtual time: heartbeats, sections and the out-of-section time
 with their deadlines exact, the warm-up's exemption, and learned timeouts (taught by a
-clean run, kept across an operator's restart and by the next run)."""
+clean run, kept across an operator's restart and by the next run); what a hang leaves
+(its bundle, the Flight Recorder's settings, the metrics' detection and recovery)."""
 
 from __future__ import annotations
 
 import json
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +15,10 @@ import orjson
 import pytest
 
 from supervisor.core.topology import ENV_TIMEOUTS
+from supervisor.process import native
+from supervisor.runtime.lifecycle import bundle
 from supervisor.runtime.lifecycle.daemon import Supervisor
+from supervisor.runtime.services.metrics import Metrics
 from tests.fast.fakes import Rank
 from tests.fast.harness import Watcher, supervise
 
@@ -177,3 +182,119 @@ def test_learned_timeouts_persist_across_a_restart_and_a_new_run(tmp_path: Path)
     assert third.code == 0
     started = third.one("run_started")["timeouts"]
     assert started["sections"]["step"] == saved["learned"]["sections"]["step"]
+
+
+# -- what a hang leaves: the bundle, the metrics ---------------------------------------------
+
+
+def test_a_bundle_that_cannot_be_written_does_not_hold_the_restart(tmp_path: Path) -> None:
+    """Where the bundle goes cannot take it (a file in the way): reported, and the job
+    restarts all the same."""
+
+    async def in_the_way(r: Rank) -> int | None:
+        if r.generation == 0 and r.rank == 0:
+            (r.files.dir.parent / "hang-bundle").write_text("in the way")
+        return await Monitored(heartbeat=True, steps=30, step_time=0.05, hang_at=20)(r)
+
+    options = ("--no-standby", "--max-restarts", "1", "--ft-rank-heartbeat-timeout", "0.5")
+    run = supervise(tmp_path, in_the_way, *options)
+    assert run.code == 0, run.story()
+    unwritable = run.one("hang_bundle_unwritable")
+    assert unwritable["generation"] == 0 and unwritable["error"], unwritable
+    assert run.named("hang_bundle") == []
+    assert run.decisions() == [("restart", "rank_hung")]
+    assert run.one("rank_hung")["t_mono"] == run.one("decision")["t_mono"]  # held up by nothing
+
+
+@pytest.mark.parametrize(
+    ("dump_env", "buffer_env", "daemons"),
+    [
+        (native.DUMP_ENV, native.BUFFER_ENV, native.NEW_DUMP_ENV),
+        # torch >= 2.8's names, read before the old ones: the bundle must look there too
+        (native.NEW_DUMP_ENV, native.NEW_BUFFER_ENV, native.DUMP_ENV),
+    ],
+)
+def test_the_users_own_flight_recorder_settings_stand(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dump_env: str, buffer_env: str, daemons: str
+) -> None:
+    """The ranks get the user's dump file and buffer, and the daemon's pipe; the bundle
+    asks each rank's watchdog for its dump where the user said. (torch's side of the
+    pipe: tests/integration/test_bundle.py.)"""
+    monkeypatch.setenv(dump_env, str(tmp_path / "mine_"))
+    monkeypatch.setenv(buffer_env, "77")
+    asked: dict[int, tuple[str | None, str | None]] = {}
+
+    async def flight_recorder(env: Mapping[str, str], rank: int, timeout: float) -> tuple[None, str]:
+        asked[rank] = (env.get(native.PIPE_ENV), env.get(native.NEW_DUMP_ENV) or env.get(native.DUMP_ENV))
+        return None, "no Flight Recorder here"
+
+    monkeypatch.setattr(bundle, "flight_recorder", flight_recorder)
+    monkeypatch.setattr(bundle, "py_spy", lambda: None)  # no native stacks of a fake pid
+    monkeypatch.setattr(native, "py_spy", lambda: None)
+    script = Monitored(heartbeat=True, steps=300, step_time=0.05, hang_at=20)  # rank 0 lives on
+    run = supervise(tmp_path, script, "--no-standby", "--max-restarts", "1",
+                    "--ft-rank-heartbeat-timeout", "0.5", "--ft-bundle-timeout", "5")  # fmt: skip
+    assert run.code == 0, run.story()
+    for r in run.ranks.of(0):
+        assert (r.env[dump_env], r.env[buffer_env]) == (str(tmp_path / "mine_"), "77")
+        assert daemons not in r.env  # not the other name of the same setting
+        assert r.env[native.PIPE_ENV] == str(r.files.dir.parent / "nccl_pipe_rank_")
+    gen0 = run.ranks.of(0)[0].files.dir.parent
+    assert asked == {r: (str(gen0 / "nccl_pipe_rank_"), str(tmp_path / "mine_")) for r in (0, 1)}
+    manifest = json.loads((Path(run.one("hang_bundle")["path"]) / "bundle.json").read_text())
+    assert {e["flight_recorder_error"] for e in manifest["ranks"]} == {"no Flight Recorder here"}
+
+
+def observed(into: list[Metrics]):
+    """An operator that feeds the daemon's events to a Prometheus registry (not served)."""
+
+    async def act(daemon: Supervisor, seen: Watcher) -> None:
+        metrics = Metrics(daemon.events, "t", "node", daemon.clock.wall)
+        daemon.events.listeners.append(metrics.on_event)
+        into.append(metrics)
+
+    return act
+
+
+def test_a_hang_is_observed_with_its_detection_delay(tmp_path: Path) -> None:
+    got: list[Metrics] = []
+    script = Monitored(heartbeat=True, iterations=True, hang_at=5, steps=300)
+    run = supervise(tmp_path, script, "--max-restarts", "1", "--ft-rank-heartbeat-timeout", "0.5",
+                    operator=observed(got))  # fmt: skip
+    assert run.code == 0, run.story()
+    (metrics,) = got
+    value = metrics.registry.get_sample_value
+    hung = run.one("rank_hung")
+    labels = {"run_id": "t", "node": "node"}
+    assert value("ft_supervisor_detection_seconds_count", {**labels, "kind": "heartbeat"}) == 1
+    assert value("ft_supervisor_detection_seconds_sum", {**labels, "kind": "heartbeat"}) == hung["late_by"]
+    decided = {**labels, "action": "restart", "reason": "rank_hung"}
+    assert value("ft_supervisor_decisions_total", decided) == 1
+
+
+def test_a_crash_is_observed_with_its_recovery_time(tmp_path: Path) -> None:
+    """The crash noticed -> every rank of the next generation stepping, to the event."""
+    got: list[Metrics] = []
+
+    async def crash(r: Rank) -> int | None:
+        r.hello()
+        await r.train(3)
+        if (r.generation, r.rank) == (0, 1):
+            return -signal.SIGKILL
+        await r.train(3, first=3)
+        return 0
+
+    run = supervise(tmp_path, crash, "--max-restarts", "2", operator=observed(got))
+    assert run.code == 0, run.story()
+    value = got[0].registry.get_sample_value
+    labels = {"run_id": "t", "node": "node"}
+    assert value("ft_supervisor_generations_started_total", labels) == 2
+    decided = {**labels, "action": "restart", "reason": "rank_failed"}
+    assert value("ft_supervisor_decisions_total", decided) == 1
+    crashed = next(e for e in run.named("rank_exited") if e["state"] == "failed")
+    stepping = [e["t_mono"] for e in run.named("rank_stepping") if e["generation"] == 1]
+    assert len(stepping) == 2
+    assert value("ft_supervisor_recovery_seconds_count", labels) == 1
+    recovery = max(stepping) - crashed["t_mono"]
+    assert value("ft_supervisor_recovery_seconds_sum", labels) == pytest.approx(recovery)
+    assert recovery == pytest.approx(1.0, abs=0.01)  # ready standbys take over: one step's time
