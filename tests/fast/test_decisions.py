@@ -288,7 +288,7 @@ def test_what_a_killed_ranks_forked_helper_says_after_its_death_decides_nothing(
                 r.send("exception", exc_type="ConnectionResetError", message=reset, traceback="", causes=[],
                        pid=helper)  # fmt: skip
 
-            asyncio.get_running_loop().call_later(0.001, speaks)
+            speaks()  # as it dies: the generation has not ended yet
             return -signal.SIGKILL
         await r.train(3, first=3)
         return 0
@@ -297,6 +297,7 @@ def test_what_a_killed_ranks_forked_helper_says_after_its_death_decides_nothing(
     assert run.code == 0, run.story()
     assert decisions(run) == [(0, "restart", "rank_failed", 1, "X-SIGKILL")]
     assert not run.named("exception_reported")
+    assert [e["exc_type"] for e in run.named("child_exception")] == ["ConnectionResetError"]
     assert classify_agrees(run)["last_failure"]["rule"] == "X-SIGKILL"
 
 
