@@ -1,11 +1,12 @@
 """A hang's diagnostic bundle, left before the kill: every live rank's Python and
 native stacks (py-spy), the Flight Recorder where the process group has one, and
-what the daemon knew of each rank; reason.json points to it."""
+what the daemon knew of each rank; reason.json points to it. Here what needs real
+processes (py-spy on gloo ranks, torch's pipe); a bundle that cannot be written and the
+user's own Flight Recorder settings: tests/fast/test_hangs.py."""
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -77,42 +78,3 @@ def test_the_flight_recorder_is_asked_for_its_dump_through_torchs_pipe(start: St
     assert manifest["blamed_by"] == "flight_recorder" and manifest["hung"] == [1]
     reason = json.loads((d.run_dir() / "reason.json").read_text())  # type: ignore[operator]
     assert reason["last_failure"]["bundle"] == str(path)
-
-
-@pytest.mark.parametrize(
-    ("dump_env", "buffer_env"),
-    [
-        ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
-        # torch >= 2.8's names, read before the old ones: the bundle must look there too
-        ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_FR_BUFFER_SIZE"),
-    ],
-)
-def test_the_users_own_flight_recorder_settings_stand(
-    start: Start, tmp_path: Path, dump_env: str, buffer_env: str
-) -> None:
-    env = {**os.environ, dump_env: str(tmp_path / "mine_"), buffer_env: "77"}
-    d = start("--nproc-per-node", "2", "--preload", "none", "--no-standby", "--max-restarts", "1",
-              "--ft-rank-heartbeat-timeout", "0.5", str(RANKS / "fr_pipe.py"), env=env)  # fmt: skip
-    assert d.wait(60) == 0, d.story()
-    assert "[rank 0] buffer 77" in d.stdout()
-    _, manifest = _bundle(d)
-    assert sorted(r["flight_recorder"] for r in manifest["ranks"]) == [str(tmp_path / "mine_0"),
-                                                                        str(tmp_path / "mine_1")]  # fmt: skip
-
-
-def test_a_bundle_that_cannot_be_written_does_not_hold_the_restart(start: Start) -> None:
-    """Where the bundle goes cannot take it (here a file is in the way; a full disk
-    fails the same way, but a full disk also fails the ranks, P3, before they hang):
-    the bundle is reported unwritable and the job restarts all the same."""
-    d = start("--nproc-per-node", "2", "--preload", "none", "--no-standby", "--max-restarts", "1",
-              "--ft-rank-heartbeat-timeout", "0.5", str(RANKS / "monitored.py"), "--heartbeat",
-              "--steps", "30", "--step-time", "0.05", "--hang-at", "20")  # fmt: skip
-    d.wait_event("generation_started", 60)
-    run_dir = d.run_dir()
-    assert run_dir is not None
-    (run_dir / "gen_0" / "hang-bundle").write_text("in the way")
-    assert d.wait(60) == 0, d.story()
-    (unwritable,) = d.events("hang_bundle_unwritable")
-    assert unwritable["generation"] == 0 and unwritable["error"], unwritable
-    assert d.events("hang_bundle") == []
-    assert [e["action"] for e in d.events("decision")] == ["restart"]

@@ -118,23 +118,6 @@ def test_an_nvrx_state_file_brings_its_timeouts_to_the_daemon(start: Start, tmp_
     assert state["current_timeouts"]["heartbeat"]["subsequent"] == learned["heartbeat"]
 
 
-@pytest.mark.parametrize(("request_", "action"), [("exclude", "reschedule"), ("shutdown", "continue")])
-def test_nvrx_workload_control_requests_reach_the_daemon(
-    start: Start, tmp_path: Path, request_: str, action: str
-) -> None:
-    d = start(*FAST, "--ft-rank-section-timeouts", "init:10,step:10,checkpoint:10",
-              NVRX, "--output_dir", str(tmp_path / "out"),
-              "--fail_rank", "1", "--fail_iter", "3", "--fail_request", request_)  # fmt: skip
-    d.wait()
-    asked = {"exclude": "exclude_node", "shutdown": "shutdown"}[request_]
-    requests = d.events("workload_request")
-    assert [(e["rank"], e["action"]) for e in requests] == [(1, asked)]
-    assert "uncorrectable ECC error" in requests[0]["reason"]
-    decisions = [(e["action"], e["reason"]) for e in d.events("decision")]
-    assert decisions == [(action, "workload_request")]
-    assert [e["generation"] for e in d.events("generation_started")] == [0]  # no restart
-
-
 def test_megatron_hooks_step_times_out_after_warmup(start: Start, tmp_path: Path) -> None:
     save = tmp_path / "save"
     # warm-up steps (0.7 s) exceed the step timeout, and together the setup one:
@@ -163,10 +146,9 @@ def test_megatron_hooks_step_times_out_after_warmup(start: Start, tmp_path: Path
 RUN_ID = "t"  # the start fixture's --rdzv-id: TORCHELASTIC_RUN_ID, which seeds random choices
 
 
-@pytest.mark.parametrize(
-    "desc",
-    ["rank_hung;1;0.3;0", "sleep;0;0.3;0", "exception;1;0.3;0", "rank_killed;random;0.3;0"],
-)
+# the decision for each kind of fault: tests/fast/test_decisions.py; here the one whose
+# real stacks matter (the main thread held in the fault's handler)
+@pytest.mark.parametrize("desc", ["sleep;0;0.3;0"])
 def test_simulated_faults_are_detected_and_recovered(start: Start, desc: str) -> None:
     fault = SimulatedFault.parse(desc)
     kind, rank, _ = fault.resolve(2, f"{RUN_ID}:0")  # what both ranks drew
@@ -178,23 +160,13 @@ def test_simulated_faults_are_detected_and_recovered(start: Start, desc: str) ->
     assert f"rank {1 - rank} generation 0 armed=False" in d.stdout()
     assert "generation 1 armed=True" not in d.stdout()  # generation 0 only
     assert f"FT: simulating fault: {kind} on rank {rank}" in _log(d, 0, rank)
-    if kind in ("rank_hung", "sleep"):
-        assert _hangs(d) == [(0, rank, "heartbeat", None)]
-        dumped = _dumped_of_hung(d)
-        assert dumped["rank"] == rank and "faulty.py" in dumped["stacks"]
-        if kind == "sleep":  # the main thread, stuck in the fault's handler
-            assert "faults.py" in dumped["stacks"] and "in handler" in dumped["stacks"]
-        _restarted_after(d, "rank_hung")
-    else:
-        failed = [e for e in d.events("rank_exited") if e["state"] == "failed"]
-        assert [e["rank"] for e in failed] == [rank]
-        if kind == "rank_killed":
-            assert failed[0]["signal"] == "SIGKILL"
-        else:
-            assert failed[0]["exit_code"] == 1
-            assert "SimulatedFaultError: simulated fault: exception on rank 1" in _log(d, 0, rank)
-        assert not d.events("rank_hung")
-        _restarted_after(d, "rank_failed")
+    assert kind == "sleep"
+    assert _hangs(d) == [(0, rank, "heartbeat", None)]
+    dumped = _dumped_of_hung(d)
+    assert dumped["rank"] == rank and "faulty.py" in dumped["stacks"]
+    # the main thread, stuck in the fault's handler
+    assert "faults.py" in dumped["stacks"] and "in handler" in dumped["stacks"]
+    _restarted_after(d, "rank_hung")
 
 
 def _by_hand(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
