@@ -78,7 +78,7 @@ def test_a_rank_stuck_at_exit_after_its_work_is_ended_and_the_run_succeeds(tmp_p
     exited = next(e for e in run.named("rank_exited") if e["rank"] == 1)
     assert exited["signal"] == "SIGKILL"
     assert run.decisions() == []
-    assert json.loads((run.rundir / "reason.json").read_text())["outcome"] == "success"
+    assert json.loads((run.rundir / "reason.json").read_text())["outcome"] == "succeeded"
     bundle = run.rundir / "gen_0" / "hang-bundle"
     manifest = json.loads((bundle / "bundle.json").read_text())
     assert [e["rank"] for e in manifest["exit_stuck"]] == [1]
