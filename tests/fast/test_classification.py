@@ -13,11 +13,12 @@ import pytest
 from supervisor.cli import main
 from supervisor.runtime.lifecycle import signals
 from supervisor.runtime.lifecycle.daemon import Supervisor
-from tests.fast.fakes import Behaviour
+from tests.fast.fakes import Behaviour, Rank
 from tests.fast.fakes_failures import console, fails, reason_of
 from tests.fast.harness import Operator, Run, Watcher, supervise
 
-FAILURES = Path(__file__).parent.parent / "fixtures" / "failures"  # the golden corpus
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+FAILURES = FIXTURES / "failures"  # the golden corpus
 WATCHDOG = (
     "[rank1]:[E1122 10:00:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective "
     "operation timeout: WorkNCCL(SeqNum=37, OpType=ALLREDUCE, NumelIn=4194304, NumelOut=4194304, "
@@ -248,3 +249,32 @@ def test_a_rank_whose_nccl_watchdog_said_it_goes_down_but_stays_is_ended_after_a
     assert main(["classify", "--json", str(run.rundir)]) == 0
     c = json.loads(capsys.readouterr().out)["classification"]
     assert (c["rule"], c["rank"]) == ("N1", 1), c
+
+
+def test_exhausted_restarts_print_the_root_cause_from_the_error_file(tmp_path: Path) -> None:
+    """torch's ``@record`` error file (one a real torch 2.13 rank wrote) names the root
+    cause, traceback and all, when the budget runs out; a real ``@record`` run stays in
+    tests/integration/test_torch_ranks.py."""
+    recorded = (FIXTURES / "errorfiles" / "torch-2.13-record.json").read_text()
+
+    async def records(r: Rank) -> int | None:
+        r.hello()
+        await r.train(3)
+        if r.rank == 1:
+            r.log("ValueError: boom from rank 1")  # what Python prints last
+            r.files.error_file.write_text(recorded)
+            return 1
+        await r.hang()  # its peer waits in a collective for it
+        return None
+
+    with console() as said:
+        run = supervise(tmp_path, records, "--max-restarts", "1")
+    assert run.code == 2, run.story()  # a Python error: deterministic, abort
+    assert run.decisions() == [("restart", "rank_failed"), ("abort", "restarts_exhausted")]
+    assert len(run.named("generation_started")) == 2
+    err = said.text
+    assert "reason=restarts_exhausted" in err
+    assert "root cause: rank 1 (local rank 1" in err
+    assert "error file:" in err  # the @record traceback, not just an exit code
+    assert 'raise ValueError("boom from rank 1")' in err
+    assert reason_of(run.rundir)["root_cause"]["rank"] == 1

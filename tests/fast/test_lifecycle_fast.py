@@ -4,10 +4,12 @@ status dump. Each case is the real daemon beside fake ranks (tests/fast/fakes.py
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 from pathlib import Path
 
+import orjson
 import pytest
 
 from supervisor.cli.control import render_status
@@ -185,3 +187,113 @@ def test_a_rank_stuck_in_the_kernel_ends_the_run_without_wedging(tmp_path: Path)
     # SIGTERM, 0.5 s of grace, SIGKILL, 1 s for it to take: then the daemon gives up on it
     failed_at = next(e for e in run.named("rank_exited") if e["rank"] == 1)["t_mono"]
     assert stuck["t_mono"] - failed_at == pytest.approx(1.5, abs=0.1)
+
+
+# -- nothing a same-user client or a stalled daemon does may stop supervision (issue 12) ----
+
+
+def beats_until(frozen: dict[int, asyncio.Event], step: float = 0.05):
+    """Heartbeats and iterations every ``step`` s; a rank whose event is set stops dead
+    (a SIGSTOPped process: it says nothing more) in generation 0."""
+
+    async def script(r: Rank) -> int | None:
+        r.hello()
+        for i in range(100_000):
+            if r.generation == 0 and r.rank in frozen and frozen[r.rank].is_set():
+                await r.hang()
+            await r.sleep(step)
+            r.heartbeat()
+            r.send("iteration", iteration=i)
+        return 0
+
+    return script
+
+
+def test_forged_rank_messages_are_dropped_without_the_ranks_key(tmp_path: Path) -> None:
+    # issue 12: a forged abort turned a SIGKILL with restarts left into an abort, forged
+    # heartbeats kept a stopped rank "alive", a forged timeout of 1e308 s switched detection off
+    stop = {1: asyncio.Event()}
+    status: dict = {}
+
+    def forge(daemon: Supervisor, **message: object) -> None:
+        daemon.monitor.inbox.receive([b"forger", orjson.dumps({"v": 1, "rank": 1, "gen": 0, **message})])
+
+    async def operator(daemon: Supervisor, seen: Watcher) -> None:
+        await seen.first("rank_stepping", generation=0, rank=0)
+        await seen.first("rank_stepping", generation=0, rank=1)
+        wrong = "0" * 32
+        for signed in ({}, {"k": wrong}):
+            forge(daemon, type="request", action="abort", reason="forged", id="f1", **signed)
+            forge(daemon, type="timeouts", timeouts={"heartbeat": 1e308}, **signed)
+        stop[1].set()
+        while not any(name == "rank_hung" for name, _ in seen.seen):  # "signs of life" 20 times a second
+            forge(daemon, type="heartbeat", k=wrong)
+            await asyncio.sleep(0.05)
+        status.update(daemon.commands.control("status"))
+        await seen.first("generation_started", generation=1)
+        daemon.commands.queue.put_nowait(signals.Stop(signal.SIGTERM))
+
+    options = ("--max-restarts", "3", "--ft-rank-heartbeat-timeout", "1.5")
+    run = supervise(tmp_path, beats_until(stop), *options, operator=operator)
+    assert run.code == 128 + signal.SIGTERM, run.story()
+    hung = run.one("rank_hung")
+    assert hung["rank"] == 1
+    assert run.decisions() == [("restart", "rank_hung")]  # not the forged abort
+    assert not run.named("workload_request") and not run.named("timeouts_restored")
+    assert status["dropped"]["unauthenticated"] >= 5
+    # found on its own timeout, however many forged heartbeats came meanwhile
+    missed = run.one("deadline_missed")
+    assert (missed["rank"], missed["kind"]) == (1, "heartbeat")
+
+
+def test_time_the_daemon_was_stopped_is_not_charged_to_the_ranks(tmp_path: Path) -> None:
+    # issue 12: SIGSTOP of the daemon for 10 s with a 2 s heartbeat timeout killed a healthy rank
+    stop = {1: asyncio.Event()}
+    quiet: list[str] = []
+
+    async def operator(daemon: Supervisor, seen: Watcher) -> None:
+        await seen.first("rank_stepping", generation=0, rank=0)
+        await seen.first("rank_stepping", generation=0, rank=1)
+        loop = asyncio.get_running_loop()
+        loop.advance(4.0)  # type: ignore[attr-defined]  # the loop held 4 s: nothing of it ran meanwhile
+        await seen.first("daemon_stalled")
+        await asyncio.sleep(3)  # twice the heartbeat timeout: healthy ranks, still beating
+        quiet.extend(name for name, _ in seen.seen if name in ("deadline_missed", "rank_hung"))
+        stop[1].set()  # and a real hang is still found afterwards
+        await seen.first("generation_started", generation=1)
+        daemon.commands.queue.put_nowait(signals.Stop(signal.SIGTERM))
+
+    options = ("--max-restarts", "1", "--ft-rank-heartbeat-timeout", "1.5")
+    run = supervise(tmp_path, beats_until(stop), *options, operator=operator)
+    assert run.code == 128 + signal.SIGTERM, run.story()
+    stall = run.one("daemon_stalled")
+    assert 4.0 <= stall["seconds"] <= 4.1  # the 4 s, to the tick (0.1 s)
+    assert quiet == []
+    assert [e["rank"] for e in run.named("rank_hung")] == [1]
+    assert len(run.named("deadline_missed")) == 1
+
+
+def test_a_rank_cannot_grow_its_sections_or_the_status_without_bound(tmp_path: Path) -> None:
+    # issue 12: 20,000 section names made `status` time out, its reply 4.5 MB
+    names = 2_000  # unbounded, their status would be 4 times the bound asserted
+    replies: list[bytes] = []
+
+    async def runaway(r: Rank) -> int | None:
+        r.hello()
+        for i in range(names):  # bypassing the client's own filter, as a buggy integration would
+            r.send("section", op="open", name=f"runaway-{i}", iteration=None)
+        await r.hang()
+        return None
+
+    async def operator(daemon: Supervisor, seen: Watcher) -> None:
+        await seen.first("generation_started", generation=0)
+        await asyncio.sleep(1)
+        replies.append(orjson.dumps(daemon.commands.control("status")))
+        daemon.commands.queue.put_nowait(signals.Stop(signal.SIGTERM))
+
+    run = supervise(tmp_path, runaway, "--ft-rank-section-timeouts", "step:30", operator=operator)
+    assert run.code == 128 + signal.SIGTERM, run.story()
+    status = orjson.loads(replies[0])
+    assert status["dropped"]["unmonitored_section"] == 2 * names
+    assert len(replies[0]) < 20_000
+    assert all(not r["sections"] for r in status["ranks"])
