@@ -1,71 +1,13 @@
-"""Auto-resume: the finished-flag file stops a re-run; --autoresume creates it on completion."""
+"""Auto-resume with a real outer loop: the SLURM script around the console script's exit
+codes and the finished-flag file. The flag itself (refused re-runs, written on success only,
+the ranks' environment) is tests/fast/test_startup.py's."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
-
-from tests.support import RANKS, Daemon
-
-BEHAVE = str(RANKS / "behave.py")
-ENVDUMP = str(RANKS / "envdump.py")
-FAST = ("--nproc-per-node", "2", "--preload", "none")
-Start = Callable[..., Daemon]
-
-
-def test_a_finished_flag_stops_a_rerun_before_any_rank_starts(start: Start, tmp_path: Path) -> None:
-    flag = tmp_path / "finished"
-    flag.write_text("{}")
-    d = start(*FAST, "--finished-flag-file", str(flag), BEHAVE, "--exit", "1")
-    assert d.wait() == 0, d.story()
-    assert "already_finished" in d.stderr() and str(flag) in d.stderr()
-    assert d.run_dir() is None  # no run at all: no ranks, no event log
-
-
-def test_autoresume_marks_a_completed_run_and_ranks_see_the_flag(start: Start, tmp_path: Path) -> None:
-    flag = tmp_path / "flags" / "finished"
-    dump = tmp_path / "env"
-    dump.mkdir()
-    d = start(*FAST, "--autoresume", "--finished-flag-file", str(flag), ENVDUMP, str(dump), run_id="job9")
-    assert d.wait() == 0, d.story()
-    assert json.loads(flag.read_text())["run_id"] == "job9"
-    assert d.events("finished_flag_written")[0]["path"] == str(flag)
-    for r in (0, 1):
-        env = json.loads((dump / f"rank{r}.json").read_text())["env"]
-        assert env["FAULT_TOL_FINISHED_FLAG_FILE"] == str(flag)
-    # the outer loop's next attempt does nothing
-    again = start(*FAST, "--autoresume", "--finished-flag-file", str(flag), BEHAVE, "--exit", "1")
-    assert again.wait() == 0, again.stderr()
-    assert again.run_dir() is None
-
-
-def test_without_a_flag_file_ranks_get_one_in_the_run_directory(start: Start, tmp_path: Path) -> None:
-    # a rank's "training finished" (Lightning's autoresume=True) always has a place to go
-    dump = tmp_path / "env"
-    dump.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "FAULT_TOL_FINISHED_FLAG_FILE"}
-    d = start(*FAST, ENVDUMP, str(dump), env=env)
-    assert d.wait() == 0, d.story()
-    run_dir = d.run_dir()
-    assert run_dir is not None
-    for r in (0, 1):
-        rank_env = json.loads((dump / f"rank{r}.json").read_text())["env"]
-        assert rank_env["FAULT_TOL_FINISHED_FLAG_FILE"] == str(run_dir / "finished")
-    assert not d.events("finished_flag_written")  # the daemon itself writes none
-
-
-def test_a_failed_run_leaves_no_flag(start: Start, tmp_path: Path) -> None:
-    flag = tmp_path / "finished"
-    env = {**os.environ, "FAULT_TOL_FINISHED_FLAG_FILE": str(flag)}  # as ft_launcher users set it
-    d = start(*FAST, "--autoresume", BEHAVE, "--exit", "1", "--fail-rank", "1", env=env)
-    assert d.wait() != 0
-    assert not flag.exists()
-    assert not d.events("finished_flag_written")
-
 
 LOOP = Path(__file__).parents[2] / "scripts" / "schedulers" / "slurm-autoresume.sh"
 ATTEMPT = """

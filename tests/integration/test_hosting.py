@@ -106,37 +106,21 @@ def test_systemd_hears_ready_status_watchdog_and_stopping(
     assert d.events("notify_failed") == []
 
 
-def _status(pid: int) -> dict[str, object]:
-    r = subprocess.run([sys.executable, "-m", "supervisor", "status", "--json", "--pid", str(pid)],
-                       capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
-    data: dict[str, object] = json.loads(r.stdout)
-    return data
-
-
 def test_sighup_reloads_the_config_file_and_leaves_the_ranks_alone(
     start: Start, tmp_path: Path, notify: NotifyListener
 ) -> None:
+    """The real signals: SIGHUP reloads (systemd hears RELOADING=1 ... READY=1), SIGWINCH and
+    SIGUSR2 reach the ranks. What a reload changes, and a bad file changing nothing, is
+    tests/fast/test_startup.py's."""
     cfg = tmp_path / "ft.yaml"
     cfg.write_text("training:\n  fault_tolerance:\n    rank_heartbeat_timeout: 60\n")
     env = {**os.environ, "NOTIFY_SOCKET": notify.path}
     d = start(*FAST, "--nproc-per-node", "2", "--ft-cfg-path", str(cfg), HOSTED, str(tmp_path), env=env)
     pids = sorted(int(r["pid"]) for r in _ranks_ready(d, tmp_path, 2))  # type: ignore[call-overload]
-    assert _status(d.pid)["timeouts"]["heartbeat"] == 60.0  # type: ignore[index]
-    assert d.events("hosting")[0]["reload_file"] == str(cfg)
-
-    cfg.write_text(
-        "training:\n  fault_tolerance:\n    rank_heartbeat_timeout: 90\n"
-        "    rank_section_timeouts: {step: 30}\n    log_level: debug\n"
-    )
+    cfg.write_text("training:\n  fault_tolerance:\n    rank_heartbeat_timeout: 90\n    log_level: debug\n")
     d.signal(signal.SIGHUP)
     reloaded = d.wait_event("config_reloaded")[0]
-    assert reloaded["changed"] == {
-        "rank_heartbeat_timeout": {"from": 60.0, "to": 90.0},
-        "rank_section_timeouts": {"from": {}, "to": {"step": 30.0}},
-    }
-    assert reloaded["not_applied"] is None
-    status = _status(d.pid)
-    assert status["timeouts"]["heartbeat"] == 90.0 and status["timeouts"]["sections"] == {"step": 30.0}  # type: ignore[index]
+    assert reloaded["changed"] == {"rank_heartbeat_timeout": {"from": 60.0, "to": 90.0}}
     notify.wait_for("READY=1", count=2)  # RELOADING=1 ... READY=1 around it
     assert "RELOADING=1" in notify.lines()
 
@@ -148,24 +132,10 @@ def test_sighup_reloads_the_config_file_and_leaves_the_ranks_alone(
     assert "signal_forwarded signal=SIGWINCH" not in d.stderr()
     assert [e["signal"] for e in d.events("signal_forwarded")][:1] == ["SIGWINCH"]
 
-    cfg.write_text("fault_tolerance: [unclosed\n")
-    d.signal(signal.SIGHUP)
-    failed = d.wait_event("reload_failed")[0]
-    assert str(cfg) in failed["error"] and "not valid YAML" in failed["error"]
-    assert _status(d.pid)["timeouts"]["heartbeat"] == 90.0  # type: ignore[index]
-
     assert sorted(rank_pids(d)) == pids and all(alive(p) for p in pids)  # the same ranks throughout
     assert d.events("stop_requested") == [] and d.events("generation_ended") == []
     (tmp_path / "release").touch()
     assert d.wait() == 0, d.story()
-
-
-def test_without_a_config_file_sighup_still_stops_the_run_like_torchrun(start: Start, tmp_path: Path) -> None:
-    d = start(*FAST, HOSTED, str(tmp_path))
-    _ranks_ready(d, tmp_path, 1)
-    d.signal(signal.SIGHUP)
-    assert d.wait() == 128 + signal.SIGHUP
-    assert d.events("stop_requested")[0]["signal"] == "SIGHUP"
 
 
 def _orphan(out: Path) -> tuple[int, int]:

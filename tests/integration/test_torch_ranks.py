@@ -123,12 +123,14 @@ def test_crash_restart_resume_finish_and_the_daemon_never_loads_torch(start: Sta
     assert "RuntimeError: injected fault at step 15 on rank 1" in decision["detail"]
 
 
-def test_exhausted_restarts_print_the_root_cause_from_the_error_file(start: Start) -> None:
+def test_a_failure_prints_the_root_cause_from_the_error_file(start: Start) -> None:
+    """torch's own ``@record`` writes the error file the root cause is printed from. The
+    budget running out over it, on the same file format, is tests/fast/test_classification.py's."""
     d = start(
         "--nproc-per-node",
         "2",
         "--max-restarts",
-        "1",
+        "0",
         str(TRAIN),
         "--steps",
         "20",
@@ -141,8 +143,6 @@ def test_exhausted_restarts_print_the_root_cause_from_the_error_file(start: Star
     )
     assert d.wait(timeout=120) == 2  # a Python error: deterministic, abort
     err = d.stderr()
-    assert "reason=restarts_exhausted" in err
     assert "root cause: rank 1 (local rank 1" in err
     assert "RuntimeError: injected fault at step 3 on rank 1" in err
     assert "error file:" in err  # the @record traceback, not just an exit code
-    assert len(d.events("generation_started")) == 2
