@@ -63,7 +63,10 @@ def export_at_start(monkeypatch: pytest.MonkeyPatch, flag: Path | None) -> None:
     """What ``run_daemon`` (start.py) does before the Supervisor, which the harness skips:
     the ranks learn the flag's name from the daemon's environment, set once the run
     directory exists (restored after the test)."""
-    monkeypatch.delenv(FLAG_ENV, raising=False)
+    # set, then deleted: monkeypatch restores the variable's absence too (a bare delenv of an
+    # absent variable records nothing, and export's write would outlive the test)
+    monkeypatch.setenv(FLAG_ENV, "")
+    monkeypatch.delenv(FLAG_ENV)
     create = RunDir.create
 
     def exporting(log_dir: Path, run_id: str, pid: int, wall: float) -> RunDir:
