@@ -41,10 +41,14 @@ class Watcher:
         self._news.set()
 
     async def first(self, name: str, **match: Any) -> dict[str, Any]:
+        return await self.nth(name, 1, **match)
+
+    async def nth(self, name: str, n: int, **match: Any) -> dict[str, Any]:
+        """The ``n``-th ``name`` event with ``match``-ing fields, once it has come."""
         while True:
-            for seen, record in self.seen:
-                if seen == name and all(record.get(k) == v for k, v in match.items()):
-                    return record
+            hits = [r for seen, r in self.seen if seen == name and match.items() <= r.items()]
+            if len(hits) >= n:
+                return hits[n - 1]
             self._news.clear()
             await self._news.wait()
 

@@ -32,12 +32,7 @@ FLAG_ENV = autoresume.ENV
 
 async def nth(seen: Watcher, name: str, n: int) -> dict[str, Any]:
     """The ``n``-th ``name`` event, once it has come."""
-    while True:
-        hits = [record for event, record in seen.seen if event == name]
-        if len(hits) >= n:
-            return hits[n - 1]
-        seen._news.clear()
-        await seen._news.wait()
+    return await seen.nth(name, n)
 
 
 async def steady(r: Rank) -> int | None:
