@@ -118,34 +118,28 @@ def test_ranks_get_the_environment_torchrun_gives_them_on_every_node(
 def test_a_rank_crash_on_one_node_restarts_every_node_and_the_job_finishes(
     start: Start, endpoint: str, tmp_path: Path
 ) -> None:
-    # real gloo ranks, on both nodes, in both generations
-    crash = ("--crash-at-step", "15", "--crash-rank", "1")
-    d0 = start(*node(endpoint, "2", 60, *PRELOAD_TORCH), *train(tmp_path, 60, *crash))
-    d1 = start(*node(endpoint, "2", 60, *PRELOAD_TORCH), *train(tmp_path, 60, *crash))
-    places = {joined(d0)["node_rank"], joined(d1)["node_rank"]}
-    assert places == {0, 1}
+    # real gloo ranks, on both nodes, in both generations: the job-wide decisions (whose
+    # outcome, who counts the restart) are tests/fast/test_multinode_fast.py's; here the
+    # real rendezvous re-forms a world that a real rank's crash broke
+    crash = ("--crash-at-step", "5", "--crash-rank", "1")
+    d0 = start(*node(endpoint, "2", 60, *PRELOAD_TORCH), *train(tmp_path, 15, *crash))
+    d1 = start(*node(endpoint, "2", 60, *PRELOAD_TORCH), *train(tmp_path, 15, *crash))
     assert [d.wait(120) for d in (d0, d1)] == [0, 0], d0.stderr() + d1.stderr()
+    assert {joined(d0)["node_rank"], joined(d1)["node_rank"]} == {0, 1}
     for d in (d0, d1):
-        decisions = d.events("job_decision")
-        assert [e["action"] for e in decisions] == ["restart", "continue"]
-        # the other node heard it from its peer, or its rank saw gloo's connection
-        # close first; either way it never waits for a collective to time out
-        reasons = [o["reason"] for o in decisions[0]["outcomes"]]
-        assert "rank_failed" in reasons and set(reasons) <= {"rank_failed", "peer_failed"}
-        assert len(d.events("generation_started")) == 2
+        assert [e["action"] for e in d.events("job_decision")] == ["restart", "continue"]
         assert d.events("run_finished")[0]["restarts_used"] == 1
 
 
 def test_an_abort_on_one_node_stops_every_node_with_exit_2(start: Start, endpoint: str) -> None:
-    # rank 1 fails in a way retrying cannot help; rank 0 waits to be stopped
+    # rank 1 fails in a way retrying cannot help; rank 0 waits to be stopped. The adopted
+    # decision and reason.json are tests/fast/test_multinode_fast.py's; here the abort
+    # reaches the other node through the rendezvous store
     fail = (FAILS, "--rank", "1", "--raise", "ModuleNotFoundError", "No module named 'nccl_plugin'")
     args = node(endpoint)
     d0, d1 = start(*args, *fail), start(*args, *fail)
     assert [d.wait(90) for d in (d0, d1)] == [2, 2], d0.stderr() + d1.stderr()
-    for d in (d0, d1):
-        assert d.events("job_decision")[0]["action"] == "abort"
-        reason = json.loads((d.run_dir() / "reason.json").read_text())  # type: ignore[operator]
-        assert reason["outcome"] == "abort"
+    assert [d.events("job_decision")[0]["action"] for d in (d0, d1)] == ["abort", "abort"]
 
 
 def test_a_killed_daemon_is_noticed_through_the_keep_alive_and_a_replacement_joins(
@@ -212,25 +206,23 @@ def test_a_node_joining_a_running_job_grows_it_at_no_restart_cost(
     start: Start, endpoint: str, tmp_path: Path
 ) -> None:
     # real gloo ranks, whose world grows from 2 to 3. The 2-node job trains until it has
-    # grown, then 40 steps (no snapshot: generation 1 runs them all, over 3 ranks): were
+    # grown, then 10 steps (no snapshot: generation 1 runs them all, over 3 ranks): were
     # its length fixed, a loaded machine could see it end before the third node, still
-    # starting, joined
+    # starting, joined. The news heard and the membership change's decisions are
+    # tests/fast/test_multinode_fast.py's; here the real rendezvous and gloo world grow
     grows = str(RANKS / "train_until_grown.py")
-    args = (*node(endpoint, "2:3", 60, *PRELOAD_TORCH), grows, "--world-size", "3", "--steps", "40",
-            "--step-time", "0.05")  # fmt: skip
+    args = (*node(endpoint, "2:3", 60, *PRELOAD_TORCH), grows, "--world-size", "3", "--steps", "10",
+            "--step-time", "0.02")  # fmt: skip
     d0, d1 = start(*args), start(*args)
+    # the first round is closed: the third node can only join the running job (its ranks
+    # train until the world has grown, however long the newcomer takes to start)
     assert joined(d0)["nnodes"] == 2
-    d0.wait_event("rank_spawned", 60, where=lambda e: e["generation"] == 1)  # training is under way
     d2 = start(*args)
+    assert [d.wait(120) for d in (d0, d1, d2)] == [0, 0, 0], d0.stderr()
     assert joined(d2)["nnodes"] == 3
     for d in (d0, d1):
         assert joined(d, 1)["nnodes"] == 3
-    # the node that stops its rank for the newcomer first resets its peer's connection:
-    # that peer's rank may fail on it before its own daemon hears the news, and then it
-    # restarts on the failure, which the membership change makes free (below)
-    heard = [e["news"] for d in (d0, d1) for e in d.events("peer_news")]
-    assert "node_waiting" in heard, d0.story() + d1.story()
-    assert [d.wait(120) for d in (d0, d1, d2)] == [0, 0, 0], d0.stderr()
+    # a rank that failed on its peer's stop within the membership change costs nothing either
     assert {d.events("run_finished")[0]["restarts_used"] for d in (d0, d1, d2)} == {0}
 
 
