@@ -48,6 +48,9 @@ class Round:
     news: tuple[float, PeerNews, str] | None = None  # seconds into the generation, what, detail
     # the other nodes' outcomes: given, or computed from this node's (by default they follow it)
     others: Sequence[NodeOutcome] | Others | None = None
+    # seconds into the generation after which every other node has published that its
+    # ranks all exited 0 (``others_done``); None: never while this node's ranks run
+    others_done_after: float | None = None
 
 
 @dataclass
@@ -72,6 +75,7 @@ class ScriptedJob(LocalJob):
         super().__init__("127.0.0.1", 29500)
         self.rounds = rounds or (Round(),)
         self.told = Told()
+        self._joined_at: dict[int, float] = {}  # generation -> when this node joined it (loop time)
 
     def round(self, generation: int) -> Round:
         return self.rounds[min(generation, len(self.rounds) - 1)]
@@ -81,7 +85,13 @@ class ScriptedJob(LocalJob):
         job_gen = JobGeneration(generation, r.node_rank, r.nnodes, "127.0.0.1", 29500 + generation,
                                 rdzv_round=generation, restarts_used=r.restarts_used)  # fmt: skip
         self.told.joined.append(job_gen)
+        self._joined_at[generation] = asyncio.get_running_loop().time()
         return job_gen
+
+    def others_done(self, generation: int) -> bool:
+        after = self.round(generation).others_done_after
+        at = self._joined_at.get(generation)
+        return after is not None and at is not None and asyncio.get_running_loop().time() - at >= after
 
     async def watch(self, job_gen: JobGeneration) -> tuple[PeerNews, str]:
         news = self.round(job_gen.generation).news

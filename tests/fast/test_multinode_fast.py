@@ -3,20 +3,26 @@
 tests/integration/test_multinode.py reach through the rendezvous store. A crash
 here or on a peer restarts the job and spends one restart; a peer's abort stops
 this node with exit 2; a node joining changes the world at no restart cost; a node
-that joins late takes on the restarts the job spent; a lost node restarts the job."""
+that joins late takes on the restarts the job spent; a lost node restarts the job; a
+rank stuck at exit after the other node succeeded is ended, and the job succeeds."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 from pathlib import Path
 
 import pytest
 
 from supervisor.core.jobwide import NodeOutcome, PeerNews
 from supervisor.core.types import Action, Reason
+from supervisor.runtime.lifecycle import signals
+from supervisor.runtime.lifecycle.daemon import Supervisor
 from tests.fast.fakes import Rank
 from tests.fast.fakes_job import Round, ScriptedJob
-from tests.fast.harness import Run, supervise
+from tests.fast.harness import Operator, Run, Watcher, supervise
+from tests.fast.test_lingering import lingers
 
 
 async def crashes_once(r: Rank) -> int | None:
@@ -33,6 +39,15 @@ async def trains(r: Rank) -> int | None:
     r.hello()
     await r.train(20 if r.generation == 0 else 3)
     return 0
+
+
+def stop_after(seconds: float) -> Operator:
+    async def operator(daemon: Supervisor, seen: Watcher) -> None:
+        await seen.first("generation_started")
+        await asyncio.sleep(seconds)
+        daemon.commands.queue.put_nowait(signals.Stop(signal.SIGTERM))
+
+    return operator
 
 
 def job_decisions(run: Run) -> list[str]:
@@ -196,3 +211,30 @@ def test_a_lost_node_with_no_restart_left_sends_this_node_away(tmp_path: Path) -
     assert run.code == 200, run.story()
     assert run.decisions() == [("reschedule", "restarts_exhausted")]
     assert job_decisions(run) == ["reschedule"]
+
+
+def test_on_two_nodes_a_rank_stuck_at_exit_after_the_other_node_succeeded_is_ended(tmp_path: Path) -> None:
+    # one rank a node: the stuck rank's only peer is on the other node, which succeeded
+    # 0.5 s in and waits to agree; this node learns it from the job (the store read itself
+    # stays in tests/integration/test_lingering.py)
+    job = ScriptedJob(Round(node_rank=1, others_done_after=0.5))
+    run = supervise(tmp_path, lingers("atexit"), "--nproc-per-node", "1", "--max-restarts", "0",
+                    "--exit-grace", "1", job=lambda: job)  # fmt: skip
+    assert run.code == 0, run.story()
+    stuck = run.one("rank_exit_stuck")
+    assert (stuck["rank"], stuck["success"], stuck["after"]) == (1, True, "peers_succeeded"), stuck
+    assert stuck["waited"] >= 1
+    assert any("_block_at_exit" in frame for frame in stuck["where"]), stuck["where"]
+    assert job_decisions(run) == ["continue"]
+    assert run.decisions() == []
+    assert job.told.announced == []  # every other node is done: nothing to tell them
+
+
+def test_on_two_nodes_a_rank_still_running_is_not_ended_while_the_other_node_runs(tmp_path: Path) -> None:
+    # the other node never says it is done: this node's only rank is no lingerer, whatever
+    # its state; the run is stopped by its deadline only (a stop here: no hang detection)
+    job = ScriptedJob(Round(node_rank=1))
+    run = supervise(tmp_path, lingers("atexit"), "--nproc-per-node", "1", "--max-restarts", "0",
+                    "--exit-grace", "1", job=lambda: job, operator=stop_after(30))  # fmt: skip
+    assert run.code == 128 + signal.SIGTERM, run.story()
+    assert not run.named("rank_exit_stuck")

@@ -43,8 +43,7 @@ def test_on_two_nodes_a_rank_stuck_at_exit_after_the_other_node_succeeded_is_end
     daemons = [start(*node, LINGERS, "--how", "atexit") for _ in range(2)]
     assert [d.wait(60) for d in daemons] == [0, 0], daemons[0].story() + daemons[1].story()
     stuck = [e for d in daemons for e in d.events("rank_exit_stuck")]
+    # its verdict (waited, stacks) on the other node's success is tests/fast/test_multinode_fast.py's
     assert [(e["rank"], e["success"], e["after"]) for e in stuck] == [(1, True, "peers_succeeded")], stuck
-    assert stuck[0]["waited"] >= 1
-    assert any("_block_at_exit" in frame for frame in stuck[0]["where"]), stuck[0]["where"]
     decisions = [e for d in daemons for e in d.events("job_decision")]
     assert {e["action"] for e in decisions} == {"continue"}, decisions
