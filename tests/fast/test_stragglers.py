@@ -185,3 +185,20 @@ def test_with_one_rank_a_node_the_job_s_ranks_are_the_reference(tmp_path: Path) 
     assert found[0]["reference"] == pytest.approx(0.05)
     # and this node's medians went to the job, of its generation
     assert job.shared and job.shared[-1]["stragglers"] == {"generation": 0, "medians": {"0": 0.075}}
+
+
+def test_a_straggler_that_keeps_pace_again_is_cleared(tmp_path: Path) -> None:
+    async def slow_then_not(r: Rank) -> int | None:
+        r.hello()
+        for i in range(1, 121):  # rank 1 takes 1.5x its peer's step for 40 steps, then keeps pace
+            step = 0.05 * (1.5 if r.rank == 1 and i <= 40 else 1.0)
+            r.send("section", op="open", name="step", iteration=i - 1)
+            await r.sleep(step)
+            r.send("section", op="close", name="step", iteration=i)
+        return 0
+
+    run = supervise(tmp_path, slow_then_not, *FAST, *SECTIONS)
+    assert run.code == 0, run.story()
+    detected, cleared = run.one("straggler_detected"), run.one("straggler_cleared")
+    assert (detected["rank"], cleared["rank"]) == (1, 1)
+    assert cleared["t_mono"] > detected["t_mono"] and cleared["score"] < 1.1
