@@ -27,6 +27,7 @@ from supervisor.config.durations import duration
 from supervisor.core import checkpoint_interval
 from supervisor.core.catalogue import NotAnEvent, decode
 from supervisor.log import format_fields
+from supervisor.log.human import sentence, timeouts_text
 from supervisor.transport.endpoints import pid_namespace, running_daemons
 
 EXIT_OK = 0
@@ -269,7 +270,8 @@ def _print_event(line: bytes, as_json: bool, last: float) -> float:
         record = event  # no event name: printed as it is, as before
     stamp = time.strftime("%H:%M:%S", time.localtime(event.get("t_wall", 0)))
     fields = {k: v for k, v in record.items() if k not in ("event", "t_wall", "t_mono", "run_id")}
-    print(f"{stamp} {event.get('event')} {format_fields(fields)}", flush=True)
+    said = sentence(str(event.get("event")), fields)
+    print(f"{stamp} {event.get('event')}: " + "\n    ".join(said), flush=True)
     return mono
 
 
@@ -279,16 +281,9 @@ def _age(seconds: object) -> str:
 
 def _timeouts_line(t: dict[str, Any]) -> str:
     """The timeouts in force; a monitored section with none yet says it is being learned."""
-    sections = {k: ("learning" if v is None else v) for k, v in (t.get("sections") or {}).items()}
-    shown = {
-        "initial_heartbeat": t.get("initial_heartbeat"),
-        "heartbeat": t.get("heartbeat"),
-        "sections": sections or None,
-        "out_of_section": t.get("out_of_section"),
-    }
-    if not any(v is not None for v in shown.values()):
+    if not any(t.get(k) for k in ("initial_heartbeat", "heartbeat", "sections", "out_of_section")):
         return "none in force: hangs go unnoticed (set --ft-rank-*-timeout, or have the workload calculate)"
-    return format_fields(shown)
+    return timeouts_text({k: v for k, v in t.items() if k != "learned"})
 
 
 def _render_job(job: dict[str, Any]) -> list[str]:

@@ -190,6 +190,7 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         fork_server=not ns.no_fork_server,
         virtual_local_rank=ns.virtual_local_rank,
         log_level=ns.log_level,
+        log_format=ns.log_format,
         ranks_torch=torchrun.torch_version(program.python) if program.kind != "exec" else None,
         ft=ft_config,
         policy=policy_config,

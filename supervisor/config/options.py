@@ -236,6 +236,9 @@ def add_supervisor_options(f: Any) -> None:
     )
     _opt(f, "--log-level", default="info", choices=["debug", "info", "warning", "error"],
          action=hosting.StoreGiven, help="the daemon's log level (default info)")  # fmt: skip
+    _opt(f, "--log-format", default="human", choices=["human", "json"],
+         help="the console: human (a sentence per event, the ranks' lines under [rank N]) or json "
+         "(one JSON object per line, for log shippers); the event log file is JSON either way")  # fmt: skip
     _opt(
         f,
         "--state-dir",

@@ -221,6 +221,7 @@ class RunConfig:
     cgroups: bool = True  # a cgroup per generation where one can be created
     virtual_local_rank: bool = False
     log_level: str = "info"
+    log_format: str = "human"  # the console: human or json (log.FORMATS)
     ranks_torch: str | None = None  # the ranks' torch version (package metadata); None: none or unknown
     ft: FtConfig = field(default_factory=FtConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)

@@ -118,7 +118,7 @@ class LogFollower:
             if not lines:
                 continue
             if f.show:
-                self._console.write(f.stream, b"".join(f.prefix + ln + b"\n" for ln in lines))
+                self._console.rank_lines(f.stream, f.rank, lines)
             if f.duplicate:
                 self._duplicate(f, lines)
             self._notice(f.rank, lines)
@@ -166,7 +166,7 @@ class LogFollower:
         for f in self._files:
             if f.partial:
                 if f.show:
-                    self._console.write(f.stream, f.prefix + f.partial + b"\n")
+                    self._console.rank_lines(f.stream, f.rank, [f.partial])
                 if f.duplicate:
                     self._duplicate(f, [f.partial])
                 self._notice(f.rank, [f.partial])

@@ -72,7 +72,7 @@ def test_a_full_log_filesystem_degrades_the_event_log_not_supervision(
         wait_until(lambda: d.signal(signal.SIGUSR1) or "event_log_degraded" in d.stderr(), 30,
                    "the daemon to say its log is degraded", interval=0.2)  # fmt: skip
         Path(f"{go}0").touch()
-        wait_until(lambda: "generation_started generation=1" in d.stderr(), 30, "the restart")
+        wait_until(lambda: "generation_started: generation 1 " in d.stderr(), 30, "the restart")
         filler.unlink()
         Path(f"{go}1").touch()
         assert d.wait(timeout=60) == 0, d.story()

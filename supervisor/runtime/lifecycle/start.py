@@ -41,7 +41,7 @@ def _bound_descriptors() -> None:
 
 def run_daemon(config: RunConfig) -> int:
     _bound_descriptors()
-    console = log.Console()
+    console = log.Console(json_lines=config.log_format == "json")
     console.start()
     logger = log.setup(console, config.log_level)
     try:
