@@ -19,8 +19,10 @@ stepping
     A generation that ends with only some
     ranks stepping steps from the last one that did; one that ends with none, in a
     run whose ranks report steps, never stepped (all of it was downtime); in a run
-    whose ranks never report steps, every generation steps from
-    ``generation_started``. While running, a generation whose ranks have not all
+    whose ranks never report steps, every generation "steps" from
+    ``generation_started``: known only to have started, so the summary says
+    ``steps_known`` False and claims no goodput (start-up is never productive).
+    While running, a generation whose ranks have not all
     stepped is not stepping yet, except before any rank of the run ever did: then
     it counts from ``generation_started`` (a workload without steps would
     otherwise read 0).
@@ -256,7 +258,8 @@ class Ledger:
             end = max(end, self._last)
         if start is None or end is None:  # nothing started yet
             n = len(self._order)
-            return Summary(start, None, finished, 0.0, 0.0, 0.0, 0.0, 0.0, max(0, n - 1), n, 0, None)
+            return Summary(start, None, finished, 0.0, 0.0, 0.0, 0.0, 0.0, max(0, n - 1), n, 0, None,
+                           steps_known=bool(self._stepped))  # fmt: skip
         gens = [self._gens[n] for n in self._order]
         productive = detection = restart = recomputation = 0.0
         incidents: list[Incident] = []
@@ -296,6 +299,7 @@ class Ledger:
             ),
             incidents=tuple(incidents),
             stepping_at=first_step,
+            steps_known=bool(self._stepped),
         )
 
     @staticmethod

@@ -50,13 +50,20 @@ class Summary:
     last_iteration: int | None
     incidents: tuple[Incident, ...] = ()
     stepping_at: float | None = None  # the first generation all stepping: start-up over
+    # whether any rank reported a step (the client does): without, a generation is known
+    # only to have started, so restarts are measured to every rank started, and
+    # ``productive`` is the ranks' running time, start-up included: no goodput is claimed
+    steps_known: bool = True
 
     @property
     def lost(self) -> float:
         return self.detection + self.restart + self.recomputation
 
     @property
-    def goodput(self) -> float:
+    def goodput(self) -> float | None:
+        """productive / wall; None where the ranks report no steps (unknown, not guessed)."""
+        if not self.steps_known:
+            return None
         return min(1.0, self.productive / self.wall) if self.wall > 0 else 0.0
 
     @property

@@ -45,10 +45,15 @@ def _share(part: float, whole: float) -> str:
     return f"{100 * part / whole:.1f} %" if whole > 0 else "-"
 
 
+PRODUCTIVE, RUNNING = "productive", "ranks running (steps unknown: start-up included)"
+NO_STEPS = ("The ranks report no steps (supervisor.client reports them): restarts are measured to every "
+            "rank started, and when they were training again is unknown.")  # fmt: skip
+
+
 def summary_table(s: Summary) -> str:
     rows = [
         ("wall time", _s(s.wall), ""),
-        ("productive", _s(s.productive), _share(s.productive, s.wall)),
+        (PRODUCTIVE if s.steps_known else RUNNING, _s(s.productive), _share(s.productive, s.wall)),
         ("lost to detection", _s(s.detection), _share(s.detection, s.wall)),
         ("lost to restarts", _s(s.restart), _share(s.restart, s.wall)),
         ("lost to recomputation", _s(s.recomputation), _share(s.recomputation, s.wall)),
@@ -114,7 +119,8 @@ def render(
     timeline: Timeline,
     advice: str | None = None,
 ) -> str:
-    wall, goodput = summary.wall, summary.goodput
+    wall = summary.wall
+    goodput = "unknown" if summary.goodput is None else f"{100 * summary.goodput:.1f} %"
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(timeline.origin))
     state = "" if summary.finished else " (still running, or its daemon died: no run_finished)"
     facts = (
@@ -130,11 +136,12 @@ def render(
             f"<style>{CSS % {'pad': PAGE_PAD, 'header': HEADER, 'labels': LABELS}}</style>",
             "</head><body>",
             f'<header><h1>{_e(title)}</h1><p class="sub">started {_e(when)}, {wall:.2f} s of wall '
-            f"time{_e(state)}; goodput {100 * goodput:.1f} %</p></header>",
+            f"time{_e(state)}; goodput {goodput}</p></header>",
             timeline_svg(timeline),
             legend(),
             "<h2>Where the time went</h2>",
-            f'<p><span class="good">{100 * goodput:.1f} %</span> goodput &middot; {_e(facts)}</p>',
+            f'<p><span class="good">{goodput}</span> goodput &middot; {_e(facts)}</p>',
+            *([] if summary.steps_known else [f"<p>{_e(NO_STEPS)}</p>"]),
             summary_table(summary),
             *([f"<p>{_e(advice)}</p>"] if advice else []),
             "<h2>Incidents</h2>",

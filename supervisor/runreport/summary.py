@@ -144,6 +144,7 @@ def _combine(
         ),
         incidents=tuple(i for _, i in resumed),
         stepping_at=summaries[0].stepping_at,
+        steps_known=any(s.steps_known for s in summaries),
     )
     return total, resumed, gaps
 
@@ -161,7 +162,7 @@ def text(report: Report, html_path: Path | None) -> str:
     state = "" if s.finished else "  (not finished: still running, or its daemon died)"
     rows = [
         ("wall time", s.wall, None),
-        ("productive", s.productive, s.wall),
+        ("productive" if s.steps_known else "ranks running", s.productive, s.wall),
         ("lost: detection", s.detection, s.wall),
         ("lost: restarts", s.restart, s.wall),
         ("lost: recomputation", s.recomputation, s.wall),
@@ -172,7 +173,9 @@ def text(report: Report, html_path: Path | None) -> str:
         *report.read(),
         *report.warnings(),
         "",
-        f"goodput {100 * s.goodput:.1f} %{state}",
+        (f"goodput {100 * s.goodput:.1f} %{state}" if s.goodput is not None else
+         f"goodput unknown: the ranks report no steps, so their start-up cannot be told from training "
+         f"(supervisor.client reports steps){state}"),
         *(
             f"  {name:<22}{_s(v):>12}  {_pct(v, whole) if whole is not None else ''}".rstrip()
             for name, v, whole in rows
@@ -238,10 +241,13 @@ def _incidents_text(report: Report) -> str:
         if i.restart is not None:
             # the figure a user cares about: the failure to every rank of the next generation stepping
             who = "a rank" if i.rank is None else f"rank {i.rank}"
+            again = "stepping again" if report.total.steps_known else "started again"
             note.append(
-                f"{who} failed; every rank was stepping again {_s(i.detection + i.restart).strip()} "
+                f"{who} failed; every rank was {again} {_s(i.detection + i.restart).strip()} "
                 f"later (noticed after {_s(i.detection).strip()}, restart {_s(i.restart).strip()})"
             )
+            if not report.total.steps_known:
+                note.append("when they were stepping again is unknown: the ranks report no steps")
         notes.append(note)
     head, *lines = _table(rows, titles)
     out = [f"incidents: {len(report.incidents)}", "  " + head]

@@ -57,7 +57,7 @@ def success(g: int, t: float, iteration: int | None = None) -> list[Event]:
 
 
 def balanced(s: Summary) -> None:
-    assert 0.0 <= s.goodput <= 1.0
+    assert s.goodput is None if not s.steps_known else 0.0 <= s.goodput <= 1.0
     assert s.productive + s.lost <= s.wall + 1e-6
     assert s.productive + s.lost + s.overhead == pytest.approx(s.wall, abs=1e-6)
 
@@ -145,7 +145,7 @@ def test_a_checkpoint_of_an_earlier_generation_counts_from_this_ones_first_step(
     balanced(s)
 
 
-def test_ranks_that_never_report_steps_step_from_the_generation_start() -> None:
+def test_ranks_that_never_report_steps_are_measured_from_their_start_and_claim_no_goodput() -> None:
     events = [
         ev("run_started", 0.0),
         *generation(0, 1.0, None),
@@ -156,9 +156,10 @@ def test_ranks_that_never_report_steps_step_from_the_generation_start() -> None:
     ]
     s = feed(events)
     (i,) = s.incidents
-    assert i.restart == pytest.approx(0.5)
+    assert i.restart == pytest.approx(0.5)  # to every rank started: when they stepped is unknown
     assert i.recomputation == pytest.approx(4.0)
-    assert s.productive == pytest.approx(3.6)
+    assert s.productive == pytest.approx(3.6)  # the ranks' running time, start-up included
+    assert not s.steps_known and s.goodput is None  # so not called goodput
     balanced(s)
 
 
@@ -237,7 +238,9 @@ def test_a_workload_without_steps_reads_as_training_while_it_runs() -> None:
     events = [ev("run_started", 0.0), *generation(0, 1.0, None)]
     s = feed(events, now=11.0)
     assert s.productive == pytest.approx(10.0)
-    assert s.goodput == pytest.approx(10.0 / 11.0)
+    assert s.goodput is None  # running, not known to be training
+    stepped = feed([*events, ev("rank_stepping", 3.0, generation=0, rank=0, iteration=1)], now=11.0)
+    assert stepped.steps_known and stepped.goodput == pytest.approx(8.0 / 11.0)
 
 
 def test_a_standbys_death_and_unknown_events_are_not_failures() -> None:
@@ -259,7 +262,7 @@ def test_a_standbys_death_and_unknown_events_are_not_failures() -> None:
 
 def test_nothing_fed_is_an_empty_summary() -> None:
     s = Ledger().summary(now_wall=5.0)
-    assert (s.wall, s.goodput, s.generations, s.restarts, s.incidents) == (0.0, 0.0, 0, 0, ())
+    assert (s.wall, s.goodput, s.generations, s.restarts, s.incidents) == (0.0, None, 0, 0, ())
 
 
 def test_a_truncated_or_malformed_line_is_skipped_and_said() -> None:
@@ -363,5 +366,5 @@ def test_whatever_it_is_fed_the_ledger_never_raises(events: list[tuple[str, dict
     for name, record in events:
         ledger.add(name, record)
     s = ledger.summary()
-    assert 0.0 <= s.goodput <= 1.0
+    balanced(s)
     assert s.productive + s.lost <= s.wall + 1e-6

@@ -221,7 +221,9 @@ class Metrics:
             labels=(*BASE, "part"),
         )
         for part in ("productive", "detection", "restart", "recomputation", "overhead"):
-            parts.add_metric([*base, part], getattr(so_far, part))
+            # without steps the ranks' running time is not called productive (start-up is in it)
+            name = "running" if part == "productive" and not so_far.steps_known else part
+            parts.add_metric([*base, name], getattr(so_far, part))
         yield parts
         ranks = status.get("ranks") or []
         per_rank = (*BASE, "rank")
