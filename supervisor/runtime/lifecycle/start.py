@@ -14,6 +14,7 @@ from supervisor.config.run import RunConfig
 from supervisor.core.topology import ENV_NOFILE
 from supervisor.runtime.lifecycle import autoresume
 from supervisor.runtime.lifecycle.daemon import EXIT_FAILED, EXIT_SUCCESS, EXIT_USAGE, Supervisor
+from supervisor.runtime.lifecycle.processes import Processes
 from supervisor.runtime.records.rundir import RunDir
 
 
@@ -65,5 +66,8 @@ def run_daemon(config: RunConfig) -> int:
 
 
 async def _supervise(config: RunConfig, rundir: RunDir, logger: logging.Logger, console: log.Console) -> int:
-    # built inside the running loop: its collaborators bind sockets and make tasks' events
-    return await Supervisor(config, rundir, logger, console).run()
+    # built inside the running loop: its collaborators bind sockets and make tasks' events.
+    # The seams, filled here for the field (the fast tier fills them with virtual time and
+    # fake ranks): the system's clock, the node's real processes; the job (the other
+    # nodes) is built by the daemon from --rdzv-*, as its store reports through the event log
+    return await Supervisor(config, rundir, logger, console, clock=SYSTEM, processes=Processes()).run()
