@@ -15,7 +15,7 @@
 # SIGKILL cuts the stop short. Under an init (docker --init, tini) the daemon is
 # that init's child and makes itself the subreaper of its ranks instead.
 #
-# Exit codes, the same as outside a container (DESIGN.md):
+# Exit codes, the same as outside a container (docs/guides/kubernetes.md has the table):
 #   0        success: training finished                      -> Job succeeded
 #   2        abort: retrying cannot help (a user code error,  -> podFailurePolicy FailJob;
 #            a crash loop without progress)                       Kubeflow ExitCode policy: permanent
@@ -23,11 +23,10 @@
 #            (a bad GPU, NCCL on a broken link)                    SLURM RequeueExit=200; OSMO exitActions)
 #   128+N    stopped by signal N (143: SIGTERM, preemption)     -> retried
 #   1        the daemon's own failure                          -> retried or investigated
-# A podFailurePolicy that tells them apart:
-#   rules:
-#   - {action: FailJob, onExitCodes: {containerName: train, operator: In, values: [2]}}
-#   - {action: Ignore, onPodConditions: [{type: DisruptionTarget}]}   # preemption: not a failure
-# The reason (root cause, rank, rule, evidence) is in reason.json beside the event log.
+# The podFailurePolicy that tells them apart, and a node guard that keeps a rescheduled pod
+# off the node: scripts/schedulers/k8s-job.yaml (one node), k8s-jobset.yaml (several).
+# The reason (root cause, rank, rule, evidence) is in reason.json beside the event log;
+# --reason-file /dev/termination-log adds a copy of at most 4096 bytes for the pod's status.
 set -eu
 
 # Settings from the environment. torchrun's PET_* variables (PET_NNODES,

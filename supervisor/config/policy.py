@@ -72,7 +72,10 @@ def add_options(g: argparse._ArgumentGroup) -> None:
         help="on reschedule, write PREFIX.rank_<rank> per failed rank (OSMO launch scripts look for them)",
     )
     g.add_argument(
-        "--reason-file", default=None, help="where the JSON reason file goes (default: the run dir)"
+        "--reason-file",
+        default=None,
+        help="also write the reason as whole JSON of at most 4096 bytes here "
+        "(/dev/termination-log on Kubernetes); reason.json stays in the run dir",
     )
 
 

@@ -34,11 +34,22 @@ def test_kubeflow_exit_code_policy_splits_permanent_from_retryable() -> None:
 
 
 def test_osmo_reschedules_on_the_reschedule_code() -> None:
-    group = _load("osmo-workflow.yaml")["workflow"]["groups"][0]
+    spec = _load("osmo-workflow.yaml")
+    group = spec["workflow"]["groups"][0]
+    # the reschedule tutorial's group semantics: a task's reschedule restarts the whole group
     assert group["ignoreNonleadStatus"] is False
-    (task,) = group["tasks"]
-    assert task["exitActions"]["RESCHEDULE"] == CODES.reschedule
-    assert f"--reschedule-exit-code {CODES.reschedule}" in task["args"][0]
+    assert [t.get("lead", False) for t in group["tasks"]].count(True) == 1
+    nodes = spec["default-values"]["nodes"]
+    assert len(group["tasks"]) == nodes
+    for task in group["tasks"]:
+        assert task["exitActions"]["RESCHEDULE"] == CODES.reschedule
+        script = task["args"][0]
+        assert f"--reschedule-exit-code {CODES.reschedule}" in script
+        assert "--rdzv-endpoint {{host:master}}:" in script and "--nnodes {{nodes}}" in script
+        # no package-index name we do not own: the wheel in the image, or a source the user sets
+        assert "pip install ft-supervisor" not in script
+        assert 'pip install "{{ft_supervisor_source}}"' in script
+    assert "PLACEHOLDER" in (EXAMPLES / "osmo-workflow.yaml").read_text()
 
 
 def test_the_slurm_loop_stops_on_the_abort_code() -> None:

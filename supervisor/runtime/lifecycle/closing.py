@@ -133,10 +133,19 @@ def reason(
 
 
 def _write_reason(content: dict[str, Any], cfg: RunConfig, events: EventLog, rundir: RunDir) -> None:
-    path = cfg.policy.reason_file or rundir.root / outcome.REASON_FILE
-    try:
-        outcome.write_reason(path, content)
-    except OSError as exc:
-        events.emit(ReasonUnwritable(path=str(path), error=str(exc)))
-        return
-    events.emit(ReasonWritten(path=str(path), outcome=content["outcome"], rule=content["rule"]))
+    """The whole record in the run directory; a ``--reason-file`` gets a copy bounded to
+    4096 bytes (Kubernetes' termination message), still whole JSON."""
+    full = rundir.root / outcome.REASON_FILE
+    targets: list[tuple[Path, Path | None]] = [(full, None)]
+    if cfg.policy.reason_file is not None and cfg.policy.reason_file != full:
+        targets.append((cfg.policy.reason_file, full))
+    for path, whole in targets:
+        try:
+            if whole is None:
+                outcome.write_reason(path, content)
+            else:
+                outcome.write_reason_bounded(path, content, full=whole)
+        except OSError as exc:
+            events.emit(ReasonUnwritable(path=str(path), error=str(exc)))
+            continue
+        events.emit(ReasonWritten(path=str(path), outcome=content["outcome"], rule=content["rule"]))
