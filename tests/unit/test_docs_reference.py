@@ -106,3 +106,23 @@ def test_no_page_cites_a_file_outside_the_repository() -> None:
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     citing = [str(p.relative_to(ROOT)) for p in pages if "DESIGN.md" in p.read_text()]
     assert not citing, f"DESIGN.md is not in the repository: {citing}"
+
+
+def test_the_readme_is_a_front_door() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 200
+    assert "\n## Install" in readme
+    for command in ("bash scripts/demo.sh", "bash scripts/test.sh"):
+        assert command in readme
+    codes = ExitCodes()  # its exit-code table is the contract's
+    for f in fields(ExitCodes):
+        assert f"\n| {getattr(codes, f.name)} |" in readme, f.name
+
+
+def test_the_readme_links_resolve() -> None:
+    """mkdocs --strict checks the site's links; the README is outside it."""
+    readme = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", readme)
+    assert targets
+    missing = [t for t in targets if not (ROOT / t).exists()]
+    assert not missing, missing
