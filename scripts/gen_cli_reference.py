@@ -52,6 +52,7 @@ def _neutral_environment() -> Iterator[None]:
     os.environ.update({k: v for k in ("PATH", "HOME", "LANG") if (v := saved.get(k)) is not None})
     # a ranks' interpreter that cannot run: no torch, so the pinned torch's table
     os.environ["PYTHON_EXEC"] = "/nonexistent/ft-supervisor-docs/python"
+    os.environ["COLUMNS"] = "100"  # argparse wraps the usage lines to the terminal's width
     try:
         yield
     finally:
@@ -144,6 +145,11 @@ def _command(name: str, summary: str, sp: argparse.ArgumentParser, run: argparse
 
 
 def render() -> str:
+    with _neutral_environment():
+        return _render()
+
+
+def _render() -> str:
     from supervisor.config import torchrun_table  # noqa: PLC0415
 
     p = parser()
