@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the whole test suite (lint, types, tests) on a fresh machine.
+# Runs the whole test suite (lint, types, tests, the docs site) on a fresh machine.
 # Needs python3.11; installs tox into .tools/ and everything else through tox,
 # with torch pinned to the CPU build (constraints.txt).
 set -euo pipefail

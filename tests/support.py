@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 RANKS = REPO / "tests" / "fixtures" / "ranks"
 # What a Lightning job preloads: Lightning as well as torch. Its import (2.4 CPU-s here)
 # is then paid once, by the node's fork server, not by every rank of every generation;
-# Lightning itself imports torch._dynamo, so nothing of its exit changes (README).
+# Lightning itself imports torch._dynamo, so nothing of its exit changes (docs/guides/standbys.md).
 LIGHTNING_PRELOAD = ("--preload", "torch,torch.distributed,torch.nn.parallel,lightning.pytorch")
 PL_PRELOAD = ("--preload", "torch,torch.distributed,torch.nn.parallel,pytorch_lightning")
 TRAIN = REPO / "scripts" / "train.py"

@@ -463,7 +463,7 @@ def _with_loopback_names(argv: list[str]) -> None:
     a ``get`` on an open connection took 10 s while 512 others connected). That is
     this machine's resolver, not the protocol measured, so the harness runs in a
     mount namespace of its own with a hosts file that names them (root and
-    ``unshare`` needed; ``--real-dns`` keeps the machine's). The README says how a
+    ``unshare`` needed; ``--real-dns`` keeps the machine's). docs/guides/multi-node.md says how a
     cluster with slow reverse DNS hits the same stall."""
     hosts = Path(os.environ.get("TMPDIR", "/tmp")) / f"ft-scale-hosts.{os.getpid()}"
     hosts.write_text(LOOPBACK_HOSTS)

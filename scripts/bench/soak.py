@@ -384,7 +384,7 @@ def soak(duration: float, seed: int, out: Path) -> int:
             "--ft-initial-rank-heartbeat-timeout", "120",
             # the soak is about decisions under chaos, and ends by SIGTERM: standbys that
             # preload what DDP imports on first use make each restart ~1.5 s shorter, so
-            # more faults fit (the default leaves torch._dynamo out: README, warm standbys)
+            # more faults fit (the default leaves torch._dynamo out: docs/guides/standbys.md)
             "--preload", "torch,torch.distributed,torch.nn.parallel,torch._dynamo",
             str(TRAIN), "--steps", "1000000", "--step-time", "0.05", "--save-every", str(SAVE_EVERY),
             "--heartbeat", "--print-every", "100000", "--snapshot", str(snapshot),

@@ -10,13 +10,15 @@ and raises ``RuleError`` naming the rule and the key. The fields::
     nature    transient | hardware | deterministic | not_failure: what the policy
               does when restarts run out (reschedule, reschedule, abort, -)
     action    continue | restart | reschedule | abort, on a first occurrence
-    repeat    the action once this rule has matched ``after`` (1) times before on
+    repeat    the action once this rule has matched ``after`` times before on
               this node: "restart once, then abort" is action=restart, repeat=abort
+    after     how many earlier matches on this node make ``repeat`` apply (1)
     any       regexes, the rule matches when one matches a line
     all       regexes that must all match, on lines in this order
     scope     where to look, one or a list: rank (a rank's log, error file, reported
               exception), dmesg (the kernel's log), agent (a launcher's log)
-    exit      exit codes, and/or ``signal``: signal names (SIGKILL...) the rank died of
+    exit      exit codes (0-255) the rank ended with, one or a list
+    signal    signal names (SIGKILL...) the rank died of, one or a list
     hang      true: matches a rank declared hung (no heartbeat, a section too long)
     wrapper   true: the text wraps a cause (DistBackendError, the NCCL watchdog...);
               it classifies only when no other rule finds the cause
@@ -28,6 +30,7 @@ and raises ``RuleError`` naming the rule and the key. The fields::
     by        {group: {value: action}}: the action read from a named group of the
               match (the Xid number), falling back to ``action``
     summary   one line for humans
+    source    where the rule is written (the built-in loader names its file)
 
 Patterns are matched against one line at a time, after the rank prefix torch
 and torchrun add (``[rank3]:``, ``[default3]:``) is removed, so ``^`` anchors
@@ -52,7 +55,7 @@ NATURES = ("transient", "hardware", "deterministic", "not_failure")
 SCOPES = ("rank", "dmesg", "agent")
 WHENS = ("always", "before_first_step")
 BLAMES = ("self", "peer")
-_KEYS = frozenset(
+RULE_KEYS = frozenset(
     {"id", "category", "nature", "action", "repeat", "after", "any", "all", "scope", "exit", "signal",
      "hang", "wrapper", "fallback", "blame", "when", "by", "summary", "source"}
 )  # fmt: skip
@@ -213,9 +216,9 @@ def compile_rule(raw: Mapping[str, Any]) -> Rule:
     rule_id = raw.get("id")
     if not isinstance(rule_id, str) or not _ID.fullmatch(rule_id):
         raise RuleError(f"every rule needs an id (letters, digits, _ . -), got {_shown(rule_id)}")
-    unknown = sorted(map(str, set(raw) - _KEYS))  # str: a YAML key may be a number
+    unknown = sorted(map(str, set(raw) - RULE_KEYS))  # str: a YAML key may be a number
     if unknown:
-        raise RuleError(f"rule {rule_id!r}: unknown key(s) {unknown}; known: {sorted(_KEYS)}")
+        raise RuleError(f"rule {rule_id!r}: unknown key(s) {unknown}; known: {sorted(RULE_KEYS)}")
     after = raw.get("after", 1)
     if not isinstance(after, int) or isinstance(after, bool) or after < 1:
         raise _fail(rule_id, "after", "an integer >= 1", after)

@@ -83,7 +83,7 @@ def test_nvrx_style_sections_callback_under_pytorch_lightning_recovers_from_a_cr
 
 @pytest.mark.slow
 def test_lightning_pytorch_boring_model_without_the_flag_variable(start: Start) -> None:
-    # the README's line, with section timeouts only, nothing else set: no setup error, no warning
+    # docs/guides/torchrun.md's line, section timeouts only, nothing else set: no setup error, no warning
     d = start("--nproc-per-node", "1", *SECTIONS, *LIGHTNING_PRELOAD, PACKAGES,
               "--package", "lightning.pytorch", "--callback", "FaultToleranceCallback", "--max-steps", "3",
               "--then-other", env=_env(None))  # fmt: skip
