@@ -19,6 +19,14 @@ if ! command -v etcd >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)"
     { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq etcd-server; } \
         >/dev/null 2>&1 || echo "could not install etcd-server: the etcd test will be skipped" >&2
 fi
+# the SLURM recipe's test starts a real single-host SLURM (Debian's slurm-wlm: munged,
+# slurmctld, slurmd; about 50 s of apt here); without it that test is skipped
+if ! command -v slurmctld >/dev/null && ! [ -x /usr/sbin/slurmctld ] && command -v apt-get >/dev/null \
+    && [ "$(id -u)" = 0 ]; then
+    echo "installing slurm-wlm for the SLURM recipe's test" >&2
+    { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq slurm-wlm; } \
+        >/dev/null 2>&1 || echo "could not install slurm-wlm: the SLURM test will be skipped" >&2
+fi
 if [ ! -x .tools/bin/tox ]; then
     python3 -m venv .tools
     .tools/bin/python -m pip install -q "tox>=4.11"
