@@ -4,28 +4,33 @@
 # with torch pinned to the CPU build (constraints.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# the run report's screenshot test needs a headless Chromium: on a clean Debian CI
-# machine (root, apt-get) install it, bounded; without it that one test is skipped
-if [ -z "${CHROMIUM:-}" ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null \
-    && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-    echo "installing chromium for the run report's screenshot test" >&2
-    { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq chromium; } \
-        >/dev/null 2>&1 || echo "could not install chromium: the screenshot test will be skipped" >&2
+# System packages some tests need, from Debian's archive on a clean CI machine (root,
+# apt-get): one bounded update and install for all of them; a test whose tool cannot be had
+# is skipped, saying why.
+#   chromium    the run report's screenshot test (headless)
+#   etcd-server the etcd-v2 rendezvous test (a three-member cluster; 3.4 serves v2 with --enable-v2)
+#   systemd     tests/component/test_systemd_unit.py: `systemd-analyze verify` of the unit (4.7 MB)
+#   slurm-wlm   tests/integration/test_slurm.py: a real single-host SLURM (munged, slurmctld,
+#               two slurmd; about 50 s of apt here)
+wanted=()
+if [ -z "${CHROMIUM:-}" ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+    wanted+=(chromium)
 fi
-# the etcd-v2 rendezvous test runs a three-member etcd cluster (Debian's etcd-server 3.4
-# serves the v2 API with --enable-v2); without it that test is skipped
-if ! command -v etcd >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-    echo "installing etcd-server for the etcd-v2 rendezvous test" >&2
-    { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq etcd-server; } \
-        >/dev/null 2>&1 || echo "could not install etcd-server: the etcd test will be skipped" >&2
-fi
-# tests/component/test_systemd_unit.py checks the systemd unit with `systemd-analyze verify`
-# (Debian's systemd package: 4.7 MB with libsystemd-shared, about 6 s to fetch and 2 s to
-# unpack here; already there on most hosts); without it that test is skipped
-if ! command -v systemd-analyze >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-    echo "installing systemd for the systemd unit's check" >&2
-    { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq --no-install-recommends systemd; } \
-        >/dev/null 2>&1 || echo "could not install systemd: the unit's check will be skipped" >&2
+command -v etcd >/dev/null || wanted+=(etcd-server)
+command -v systemd-analyze >/dev/null || wanted+=(systemd)
+{ command -v slurmctld >/dev/null || [ -x /usr/sbin/slurmctld ]; } || wanted+=(slurm-wlm)
+if [ ${#wanted[@]} -gt 0 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "installing ${wanted[*]} for the tests that need them" >&2
+    if timeout 300 apt-get update -qq >/dev/null 2>&1; then
+        for package in "${wanted[@]}"; do  # one at a time: one that fails costs only its tests
+            lean=()  # systemd's recommends are a desktop's worth; chromium's fonts are wanted
+            [ "$package" = systemd ] && lean=(--no-install-recommends)
+            DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq "${lean[@]}" "$package" \
+                >/dev/null 2>&1 || echo "could not install $package: the tests that need it will be skipped" >&2
+        done
+    else
+        echo "apt-get update failed: the tests that need ${wanted[*]} will be skipped" >&2
+    fi
 fi
 if [ ! -x .tools/bin/tox ]; then
     python3 -m venv .tools

@@ -52,7 +52,8 @@ def test_osmo_reschedules_on_the_reschedule_code() -> None:
     assert "PLACEHOLDER" in (EXAMPLES / "osmo-workflow.yaml").read_text()
 
 
-def test_the_slurm_loop_stops_on_the_abort_code() -> None:
+def test_the_slurm_loop_stops_on_the_abort_code_and_excludes_on_the_reschedule_code() -> None:
     text = (EXAMPLES / "slurm-autoresume.sh").read_text()
-    match = re.search(r"ABORT_CODE=\$\{ABORT_CODE:-(\d+)\}", text)
-    assert match is not None and int(match.group(1)) == CODES.abort
+    for name, code in (("ABORT_CODE", CODES.abort), ("RESCHEDULE_CODE", CODES.reschedule)):
+        match = re.search(rf"{name}=\$\{{{name}:-(\d+)\}}", text)
+        assert match is not None and int(match.group(1)) == code, name
