@@ -31,8 +31,10 @@ INTRO = """\
      do not edit -->
 
 Before it exits, the daemon writes why the run ended on this node: one JSON object, in
-the run directory (`<log-dir>/<run id>/<stamp>-<host>-<pid>/reason.json`) or where
-`--reason-file PATH` says (`/dev/termination-log` suits Kubernetes). It is written
+the run directory (`<log-dir>/<run id>/<stamp>-<host>-<pid>/reason.json`), whole; and,
+with `--reason-file PATH`, a copy there bounded to 4096 bytes (Kubernetes keeps no more of
+`/dev/termination-log`): still one JSON object, its bulky fields shortened or dropped until it
+fits, with `"truncated": true` and the full record's path in `"full"`. It is written
 atomically (a reader never sees half a file); a failure to write it is reported
 (`reason_unwritable`) and never changes the exit code, which carries the decision too.
 The names are the events' names (see [Events](events.md)). `ft-supervisor classify RUN_DIR

@@ -2,7 +2,7 @@
 
 Every file the daemon reads, at start and on SIGHUP (``--ft-cfg-path``,
 ``--rules``), comes through here, so that no file can wedge or kill it
-(DESIGN.md: every input is bounded):
+(every input the daemon reads is bounded):
 
 * at most ``MAX_BYTES`` (1 MiB; a real config is a few kilobytes, and a MiB of
   YAML takes 2-4 s to parse on a slow core: a 100 MB file took minutes);

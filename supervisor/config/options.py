@@ -203,7 +203,7 @@ def add_supervisor_options(f: Any) -> None:
         "--no-cgroups",
         action="store_true",
         help="hold a generation's descendants by process groups, PDEATHSIG and the token sweep "
-        "only, even where a cgroup per generation could be created (README: process containment)",
+        "only, even where a cgroup per generation could be created (docs: running in production, process containment)",
     )
     _opt(
         f,
@@ -217,7 +217,7 @@ def add_supervisor_options(f: Any) -> None:
         "--no-fork-server",
         action="store_true",
         help="spawn every rank afresh, each importing the preload itself, instead of forking it "
-        "from one process that imported it once (README: warm standbys)",
+        "from one process that imported it once (docs: guides/standbys.md)",
     )
     _opt(
         f,

@@ -7,7 +7,7 @@
 * signals a container runtime sends PID 1 for the application (SIGUSR2,
   SIGWINCH) are passed on to the running ranks' process groups.
 
-Exit codes are the contract's (DESIGN.md), the same as outside a container.
+Exit codes are the contract's (docs/reference/exit-codes.md), the same as outside a container.
 """
 
 from __future__ import annotations

@@ -263,7 +263,7 @@ class Metrics:
 
 
 def _advice(advice: Mapping[str, Any] | None, base: list[str]) -> Iterator[Metric]:
-    """The advised checkpoint interval and its inputs, those known (README: checkpoint interval)."""
+    """The advised checkpoint interval and its inputs, those known (docs: guides/checkpoints.md)."""
     from prometheus_client.metrics_core import GaugeMetricFamily  # noqa: PLC0415
 
     if not advice:
