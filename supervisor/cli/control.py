@@ -309,7 +309,7 @@ def _render_job(job: dict[str, Any]) -> list[str]:
 
 
 def _containment_line(c: dict[str, Any] | None) -> str:
-    """Which guarantee holds the ranks' descendants (docs: running in production, process containment)."""
+    """Which guarantee holds the ranks' descendants (docs: guides/production.md)."""
     if not c:
         return "containment: -"
     if c.get("mode") == "cgroup":

@@ -203,7 +203,7 @@ def add_supervisor_options(f: Any) -> None:
         "--no-cgroups",
         action="store_true",
         help="hold a generation's descendants by process groups, PDEATHSIG and the token sweep "
-        "only, even where a cgroup per generation could be created (docs: running in production, process containment)",
+        "only, even where a cgroup per generation could be created (docs: guides/production.md)",
     )
     _opt(
         f,
