@@ -14,6 +14,9 @@ Faults can be injected, once, for demos and tests:
     --crash-generations SPEC           ... in these generations: G, A-B or all
                                        (default 0: only the first)
     --crash-mode raise|exit|abort|segv how it dies
+--plain averages the gradients with one all_reduce each and steps SGD by hand, without
+DDP and torch.optim: both import torch._dynamo (800 modules, about 2 CPU-s a rank), which
+a test of the ranks' world (not of DDP) need not pay in every rank of every generation.
 --heartbeat sends a heartbeat every step, for the daemon's heartbeat timeout.
 Progress is printed every --print-every steps; --events FILE appends one JSON
 line per milestone (first step of a generation, crash, done) for benchmarks.
@@ -63,11 +66,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--crash-rank", type=int, default=1)
     p.add_argument("--crash-generations", type=_generations, default=_generations("0"))
     p.add_argument("--crash-mode", choices=["raise", "exit", "abort", "segv"], default="raise")
+    p.add_argument("--plain", action="store_true", help="all_reduce and SGD by hand, without DDP")
     p.add_argument("--heartbeat", action="store_true", help="a heartbeat every step (hang detection)")
     p.add_argument("--events", type=Path, default=None, help="append milestones as JSON lines")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     return p.parse_args(argv)
+
+
+class Plain:
+    """--plain: DDP's gradient averaging and torch.optim.SGD's step, by hand."""
+
+    def __init__(self, module: torch.nn.Module, lr: float) -> None:
+        self.module, self.lr = module, lr
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x)
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return list(self.module.parameters())
+
+    def zero_grad(self) -> None:
+        self.module.zero_grad()
+
+    def step(self) -> None:
+        world = dist.get_world_size()
+        with torch.no_grad():
+            for p in self.module.parameters():
+                assert p.grad is not None
+                dist.all_reduce(p.grad)
+                p.sub_(p.grad, alpha=self.lr / world)
+
+    def state_dict(self) -> dict[str, object]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        pass
 
 
 class Trainer:
@@ -82,9 +116,14 @@ class Trainer:
             self.device = torch.device("cuda", local % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
         model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-        self.model = DistributedDataParallel(model.to(self.device))
         self.step_times: list[float] = []  # wall time of each step, for the crash milestone
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        self.model: DistributedDataParallel | Plain
+        self.optimizer: torch.optim.Optimizer | Plain
+        if args.plain:
+            self.model = self.optimizer = Plain(model.to(self.device), lr=0.05)
+        else:
+            self.model = DistributedDataParallel(model.to(self.device))
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
         self.steps_run = 0
         if args.snapshot is not None and args.snapshot.exists():
             self._load_snapshot(args.snapshot)

@@ -2,11 +2,15 @@
 
 Each daemon is a "node" with its own directory. The rendezvous store is hosted by the
 test itself, as a stable endpoint would be in production, so that any daemon may be
-killed or sent away without taking the store with it. Real ranks (scripts/train.py,
-DDP over gloo) run across the nodes where the ranks' own world is what is verified: a
-crash that restarts every node, a node that joins and grows the job. The tests whose
-subject is the daemons' membership decisions (a killed daemon, a spare, min/max) run
-torch-free ranks that step through supervisor.client (tests/fixtures/ranks/steps.py).
+killed or sent away without taking the store with it. Real ranks (scripts/train.py
+over gloo, ``--plain``: its gradients all-reduced by hand, where DDP and torch.optim
+would import torch._dynamo in every rank) run across the nodes where the ranks' own
+world is what is verified: a crash that restarts every node, then a node that joins
+and grows the job, in one job. The tests whose subject is the daemons (status, a
+killed daemon, a spare, min/max, an abort) run torch-free ranks that step through
+supervisor.client (tests/fixtures/ranks/steps.py) or write their environment. Every
+daemon imports torch for its rendezvous (~2.8 CPU-s): each test starts as few as its
+proof needs, and one job proves what needs the same daemons.
 The torch-free ranks run with ``--preload none``, the gloo ones with torch's (``node``).
 """
 
@@ -43,10 +47,12 @@ PRELOAD_NONE = ("--preload", "none")
 PRELOAD_TORCH = ("--preload", "auto")
 
 
-def node(endpoint: str, nnodes: str = "2", join_timeout: int = 60, *extra: str) -> list[str]:
+def node(
+    endpoint: str, nnodes: str = "2", join_timeout: int = 60, *extra: str, last_call: int = 1
+) -> list[str]:
     conf = (
         f"is_host=0,keep_alive_interval={KEEP_ALIVE},keep_alive_max_attempt={ATTEMPTS},"
-        f"last_call_timeout=1,join_timeout={join_timeout}"
+        f"last_call_timeout={last_call},join_timeout={join_timeout}"
     )
     return [
         "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
@@ -70,7 +76,7 @@ def joined(d: Daemon, generation: int = 0) -> dict[str, Any]:
     return hits[0]
 
 
-def test_ranks_get_the_environment_torchrun_gives_them_on_every_node(
+def test_ranks_get_torchruns_environment_and_an_abort_on_one_node_stops_every_node_with_exit_2(
     start: Start, endpoint: str, tmp_path: Path
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "OMP_", "TORCH"))}
@@ -87,21 +93,24 @@ def test_ranks_get_the_environment_torchrun_gives_them_on_every_node(
         ]  # fmt: skip
         theirs.append(subprocess.Popen(argv, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+    # Our job's ranks write the same, and then its last rank (on node 1) fails in a way
+    # retrying cannot help while the others wait to be stopped: the abort reaches node 0
+    # through the rendezvous store. The adopted decision and reason.json are
+    # tests/fast/test_multinode_fast.py's.
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    args = node(endpoint)
+    args[args.index("--nproc-per-node") + 1] = "2"
+    daemons = [start(*args, str(RANKS / "envdump.py"), str(ours), "--abort", env=env) for _ in range(2)]
     assert [p.wait(120) for p in theirs] == [0, 0]
-    ours = [tmp_path / "ours0", tmp_path / "ours1"]
-    daemons = []
-    for out in ours:
-        out.mkdir()
-        args = node(endpoint)
-        args[args.index("--nproc-per-node") + 1] = "2"
-        daemons.append(start(*args, str(RANKS / "envdump.py"), str(out), env=env))
-    assert [d.wait(120) for d in daemons] == [0, 0], daemons[0].stderr() + daemons[1].stderr()
+    assert [d.wait(120) for d in daemons] == [2, 2], daemons[0].stderr() + daemons[1].stderr()
+    assert [d.events("job_decision")[0]["action"] for d in daemons] == ["abort", "abort"]
 
     def by_rank(dirs: list[Path]) -> dict[str, dict[str, str]]:
         envs = [json.loads(f.read_text())["env"] for d in dirs for f in d.glob("rank*.json")]
         return {e["RANK"]: e for e in envs}
 
-    a, b = by_rank([tmp_path / "torchrun0", tmp_path / "torchrun1"]), by_rank(ours)
+    a, b = by_rank([tmp_path / "torchrun0", tmp_path / "torchrun1"]), by_rank([ours])
     assert sorted(a) == sorted(b) == ["0", "1", "2", "3"]
     same = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
             "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_RUN_ID")  # fmt: skip
@@ -115,43 +124,36 @@ def test_ranks_get_the_environment_torchrun_gives_them_on_every_node(
     assert len({e["MASTER_PORT"] for e in b.values()}) == 1
 
 
-def test_a_rank_crash_on_one_node_restarts_every_node_and_the_job_finishes(
+def test_status_lists_every_node_a_killed_daemon_is_noticed_and_a_replacement_joins(
     start: Start, endpoint: str, tmp_path: Path
 ) -> None:
-    # real gloo ranks, on both nodes, in both generations: the job-wide decisions (whose
-    # outcome, who counts the restart) are tests/fast/test_multinode_fast.py's; here the
-    # real rendezvous re-forms a world that a real rank's crash broke
-    crash = ("--crash-at-step", "5", "--crash-rank", "1")
-    d0 = start(*node(endpoint, "2", 60, *PRELOAD_TORCH), *train(tmp_path, 15, *crash))
-    d1 = start(*node(endpoint, "2", 60, *PRELOAD_TORCH), *train(tmp_path, 15, *crash))
-    assert [d.wait(120) for d in (d0, d1)] == [0, 0], d0.stderr() + d1.stderr()
-    assert {joined(d0)["node_rank"], joined(d1)["node_rank"]} == {0, 1}
-    for d in (d0, d1):
-        assert [e["action"] for e in d.events("job_decision")] == ["restart", "continue"]
-        assert d.events("run_finished")[0]["restarts_used"] == 1
-
-
-def test_an_abort_on_one_node_stops_every_node_with_exit_2(start: Start, endpoint: str) -> None:
-    # rank 1 fails in a way retrying cannot help; rank 0 waits to be stopped. The adopted
-    # decision and reason.json are tests/fast/test_multinode_fast.py's; here the abort
-    # reaches the other node through the rendezvous store
-    fail = (FAILS, "--rank", "1", "--raise", "ModuleNotFoundError", "No module named 'nccl_plugin'")
-    args = node(endpoint)
-    d0, d1 = start(*args, *fail), start(*args, *fail)
-    assert [d.wait(90) for d in (d0, d1)] == [2, 2], d0.stderr() + d1.stderr()
-    assert [d.events("job_decision")[0]["action"] for d in (d0, d1)] == ["abort", "abort"]
-
-
-def test_a_killed_daemon_is_noticed_through_the_keep_alive_and_a_replacement_joins(
-    start: Start, endpoint: str, tmp_path: Path
-) -> None:
-    # the ranks step until the replacement has joined (a rank that started in a tenth of a
-    # second would otherwise finish a fixed number of steps before the kill)
-    done = tmp_path / "replaced"
-    args = (*node(endpoint), *steps("--until", str(done)))
+    # One job, three daemons, for what needs real daemons on a real store: the status
+    # command on any node lists every node; a SIGKILLed daemon is noticed through the
+    # keep-alive and a replacement joins on the job's budget; a SIGTERMed one is heard
+    # by its peer as having ended. The ranks step until they are stopped (--until a file
+    # never made: a rank that started in a tenth of a second would otherwise finish a
+    # fixed number of steps before the kill).
+    args = (*node(endpoint), *steps("--until", str(tmp_path / "never")))
     d0 = start(*args)
     d1 = start(*args)
     lost = joined(d1)["node_rank"]
+    joined(d0)
+    # the daemon reads the node table only when asked, in the background: the command
+    # asks again until it has it, so the very first status already lists both nodes
+    first = subprocess.run([sys.executable, "-m", "supervisor", "status", "--pid", str(d1.pid), "--json"],
+                           capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    assert len(json.loads(first.stdout)["job"]["nodes"]) == 2, first.stdout
+
+    def listing() -> str | None:
+        out = subprocess.run(
+            [sys.executable, "-m", "supervisor", "status", "--pid", str(d1.pid)],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        nodes = out.stdout.partition("\nNODE ")[2]  # the job's node table, after the ranks
+        return out.stdout if nodes.count(" running ") == 2 else None
+
+    table = wait_until(listing, 30, "both nodes running in the status of node 1", interval=0.5)
+    assert "job: this node is" in table
     d0.wait_event("rank_spawned", 60, where=lambda e: e["generation"] == 1)  # warm: every rank has stepped
     killed_at = time.time()
     d1.signal(signal.SIGKILL)
@@ -163,9 +165,14 @@ def test_a_killed_daemon_is_noticed_through_the_keep_alive_and_a_replacement_joi
     assert decision["t_wall"] - killed_at < KEEP_ALIVE * ATTEMPTS + 1 + 5
     replacement = start(*args)
     assert joined(replacement)["restarts_used"] == 1  # the job's budget, not a fresh one
-    done.touch()
-    assert d0.wait(120) == 0, d0.stderr()
-    assert replacement.wait(60) == 0, replacement.stderr()
+    replacement.wait_event("rank_stepping", 60)  # its ranks run, as both nodes' did for status
+    replacement.signal(signal.SIGTERM)
+    assert replacement.wait(60) == 128 + 15, replacement.stderr()
+    # the other node hears it is gone and waits for a replacement
+    ended = d0.wait_event("peer_news", 30, where=lambda e: e["news"] == "peer_ended")
+    assert ended[0]["generation"] == 1, ended
+    d0.signal(signal.SIGTERM)
+    assert d0.wait(60) == 128 + 15, d0.stderr()
 
 
 def test_a_spare_takes_the_place_of_a_rescheduled_node(start: Start, endpoint: str, tmp_path: Path) -> None:
@@ -186,69 +193,53 @@ def test_a_spare_takes_the_place_of_a_rescheduled_node(start: Start, endpoint: s
     assert (reason["outcome"], reason["rule"]) == ("reschedule", "SITE-BADNODE")
 
 
-def test_with_min_max_the_others_carry_on_without_a_rescheduled_node(
+def test_with_min_max_the_other_carries_on_without_a_rescheduled_node(
     start: Start, endpoint: str, tmp_path: Path
 ) -> None:
+    # MIN 1, MAX 2: two nodes where three proved nothing more (a round of one is a round
+    # closed below MAX as a round of two is). With MIN 1 the first node ready would start
+    # alone a second after it joined, before a daemon still importing torch on a loaded
+    # machine joins: the last call is 5 s (the full round starts at once all the same; the
+    # one node left waits it out once, idle)
     rules = tmp_path / "rules.toml"
     rules.write_text('[[rule]]\nid = "SITE-BADNODE"\nany = ["injected fault"]\naction = "reschedule"\n')
-    args = (*node(endpoint, "2:3", 60, "--rules", str(rules)),
-            *steps("--steps", "60", "--crash-at-step", "15", "--crash-rank", "2"))  # fmt: skip
-    daemons = [start(*args) for _ in range(3)]
+    args = (*node(endpoint, "1:2", 60, "--rules", str(rules), last_call=5),
+            *steps("--steps", "60", "--crash-at-step", "15", "--crash-rank", "1"))  # fmt: skip
+    daemons = [start(*args) for _ in range(2)]
     by_place = {joined(d)["node_rank"]: d for d in daemons}
-    assert {joined(d)["nnodes"] for d in daemons} == {3}
-    assert by_place[2].wait(90) == 200, by_place[2].stderr()
-    for place in (0, 1):
-        assert by_place[place].wait(90) == 0, by_place[place].stderr()
-        assert joined(by_place[place], 1)["nnodes"] == 2  # two nodes are enough: MIN is 2
+    assert {joined(d)["nnodes"] for d in daemons} == {2}
+    assert by_place[1].wait(90) == 200, by_place[1].stderr()
+    assert by_place[0].wait(90) == 0, by_place[0].stderr()
+    assert joined(by_place[0], 1)["nnodes"] == 1  # one node is enough: MIN is 1
 
 
-def test_a_node_joining_a_running_job_grows_it_at_no_restart_cost(
-    start: Start, endpoint: str, tmp_path: Path
+def test_a_rank_crash_restarts_every_node_then_a_node_joining_grows_the_job_at_no_restart_cost(
+    start: Start, endpoint: str
 ) -> None:
-    # real gloo ranks, whose world grows from 2 to 3. The 2-node job trains until it has
-    # grown, then 10 steps (no snapshot: generation 1 runs them all, over 3 ranks): were
-    # its length fixed, a loaded machine could see it end before the third node, still
-    # starting, joined. The news heard and the membership change's decisions are
-    # tests/fast/test_multinode_fast.py's; here the real rendezvous and gloo world grow
+    # One job of real gloo ranks proves both things a real rendezvous must do for a real
+    # world: re-form it after a real rank's crash broke it (generation 0 -> 1, on both
+    # nodes), then grow it from 2 to 3 when a node joins the running job (1 -> 2). Its
+    # ranks train until the world has grown, then 10 steps (generation 2 runs them all,
+    # over 3 ranks): were its length fixed, a loaded machine could see it end before the
+    # third node, still starting, joined. The job-wide decisions (whose outcome, who
+    # counts the restart, the news heard, the membership change) are
+    # tests/fast/test_multinode_fast.py's.
     grows = str(RANKS / "train_until_grown.py")
     args = (*node(endpoint, "2:3", 60, *PRELOAD_TORCH), grows, "--world-size", "3", "--steps", "10",
-            "--step-time", "0.02")  # fmt: skip
+            "--step-time", "0.1", "--plain", "--crash-at-step", "5", "--crash-rank", "1")  # fmt: skip
     d0, d1 = start(*args), start(*args)
-    # the first round is closed: the third node can only join the running job (its ranks
-    # train until the world has grown, however long the newcomer takes to start)
-    assert joined(d0)["nnodes"] == 2
+    assert {joined(d0)["node_rank"], joined(d1)["node_rank"]} == {0, 1}
+    # the crash's round is closed: the third node can only join the running job
+    d0.wait_event("generation_started", 90, where=lambda e: e["generation"] == 1)
+    assert joined(d0, 1)["nnodes"] == 2
     d2 = start(*args)
-    assert [d.wait(120) for d in (d0, d1, d2)] == [0, 0, 0], d0.stderr()
+    assert [d.wait(120) for d in (d0, d1, d2)] == [0, 0, 0], d0.stderr() + d1.stderr() + d2.stderr()
     assert joined(d2)["nnodes"] == 3
     for d in (d0, d1):
-        assert joined(d, 1)["nnodes"] == 3
-    # a rank that failed on its peer's stop within the membership change costs nothing either
-    assert {d.events("run_finished")[0]["restarts_used"] for d in (d0, d1, d2)} == {0}
-
-
-def test_status_on_any_node_lists_every_node(start: Start, endpoint: str, tmp_path: Path) -> None:
-    d0 = start(*node(endpoint), FAILS, "--rank", "9")  # nobody fails: every rank waits to be stopped
-    d1 = start(*node(endpoint), FAILS, "--rank", "9")
-    joined(d0), joined(d1)
-    # the daemon reads the node table only when asked, in the background: the command
-    # asks again until it has it, so the very first status already lists both nodes
-    first = subprocess.run([sys.executable, "-m", "supervisor", "status", "--pid", str(d1.pid), "--json"],
-                           capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
-    assert len(json.loads(first.stdout)["job"]["nodes"]) == 2, first.stdout
-
-    def listing() -> str | None:
-        out = subprocess.run(
-            [sys.executable, "-m", "supervisor", "status", "--pid", str(d1.pid)],
-            capture_output=True, text=True, timeout=30, check=False,
-        )  # fmt: skip
-        nodes = out.stdout.partition("\nNODE ")[2]  # the job's node table, after the ranks
-        return out.stdout if nodes.count(" running ") == 2 else None
-
-    table = wait_until(listing, 30, "both nodes running in the status of node 1", interval=0.5)
-    assert "job: this node is" in table
-    d0.signal(15)
-    assert d0.wait(60) == 128 + 15
-    # the other node hears it is gone and waits for a replacement
-    assert d1.wait_event("peer_news", 30)[0]["news"] == "peer_ended"
-    d1.signal(15)
-    assert d1.wait(60) == 128 + 15
+        assert joined(d, 2)["nnodes"] == 3
+        assert [e["action"] for e in d.events("job_decision")] == ["restart", "restart", "continue"]
+        reasons = [sorted({o["reason"] for o in e["outcomes"]}) for e in d.events("job_decision")[:2]]
+        assert reasons[1] == ["membership"], reasons
+    # the crash spent one restart of the job's; the membership change (and a rank that
+    # failed on its peer's stop within it) none; the newcomer carries the job's count
+    assert {d.events("run_finished")[0]["restarts_used"] for d in (d0, d1, d2)} == {1}
