@@ -8,7 +8,7 @@ configuration, the sections example a crash (SIGKILL). The right rank is blamed,
 job resumes from the example's checkpoint and finishes. (Either fault on either example
 costs a generation, about 5 s of torch.optim importing torch._dynamo in both ranks: the
 decisions on a crash-then-hang story are tests/fast/test_decisions.py's.)
-``scripts/bench/nvrx_examples.py`` runs both faults on both examples under ft_launcher."""
+``scripts/bench/nvrx_examples.py`` runs both faults on both examples, under ft_launcher too."""
 
 from __future__ import annotations
 
