@@ -3,6 +3,7 @@ under both of Lightning's import names (lightning.pytorch, pytorch_lightning).""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +12,10 @@ import pytest
 
 from tests.support import LIGHTNING_PRELOAD, PL_PRELOAD, RANKS, Daemon
 
-pytest.importorskip("lightning")
+# looked up, not imported: importing Lightning here cost every xdist worker ~5 CPU-s at collection,
+# and only the ranks need it
+if importlib.util.find_spec("lightning") is None:
+    pytest.skip("lightning is not installed", allow_module_level=True)
 pytestmark = pytest.mark.torch
 
 Start = Callable[..., Daemon]
