@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,29 +35,23 @@ def _lines(text: str) -> set[str]:
 
 
 def test_ranks_get_the_environment_and_say_what_they_say_under_torchrun(start: Start, tmp_path: Path) -> None:
+    """One real torchrun run (3 torch imports) serves two comparisons: what its ranks get and
+    say against ours, and ``ft-supervisor classify`` on its log, where rank 1 is SIGKILLed
+    after the all_reduce (``--sigkilled``: the ranks' argv beyond argv[0] is not compared)."""
     ours, theirs = tmp_path / "ours", tmp_path / "torchrun"
     ours.mkdir()
     theirs.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "OMP_", "TORCH"))}
     torchrun = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            str(RANKS / "envdump.py"),
-            str(theirs),
-            "--gloo",
-        ],
-        check=True,
-        timeout=120,
-        env=env,
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-    )
+        # torchrun's defaults, as ours runs with its own (a --master-port would change MASTER_ADDR)
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         str(RANKS / "envdump.py"), str(theirs), "--gloo", "--sigkilled"],
+        timeout=120, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False,
+    )  # fmt: skip
+    said = torchrun.stdout
+    assert torchrun.returncode == 1, said
+    assert "failed (exitcode: -9) local_rank: 1" in said
     d = start("--nproc-per-node", "2", str(RANKS / "envdump.py"), str(ours), "--gloo", env=env)
     assert d.wait() == 0, d.story()
     for rank in (0, 1):
@@ -74,7 +69,6 @@ def test_ranks_get_the_environment_and_say_what_they_say_under_torchrun(start: S
         assert a == b  # sys.path[0], __file__, -u, stdin, own session...
     # and no line a rank prints under ft-supervisor that it does not print under torchrun:
     # a deprecation warning for a variable the daemon set, in every rank, every generation
-    said = torchrun.stdout + torchrun.stderr
     assert "all_reduce 2" in said
     # torchrun's ranks share its stdout, and a print's text and its newline are two writes:
     # two ranks' lines may come out as one ("rank 0: all_reduce 2rank 1: all_reduce 2")
@@ -85,6 +79,33 @@ def test_ranks_get_the_environment_and_say_what_they_say_under_torchrun(start: S
         for stream in ("stdout.log", "stderr.log"):
             text = (run_dir / "gen_0" / f"local_rank_{rank}" / stream).read_text()
             assert all(line in masked for line in _lines(text)), (stream, text, said)
+    _classify_names_the_rank_torchrun_reports(said, tmp_path)
+
+
+def _classify(*args: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-m", "supervisor", "classify", "--json", *args],
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out: dict[str, Any] = json.loads(done.stdout)
+    return out
+
+
+def _classify_names_the_rank_torchrun_reports(said: str, tmp_path: Path) -> None:
+    """``ft-supervisor classify`` on a real torchrun log (tests/component/test_postmortem.py's
+    other cases are written logs): the rank torchrun reports, named as the launcher's log or
+    found to be one."""
+    log = tmp_path / "torchrun.log"
+    log.write_text(said)
+    for args in (("--agent-log", str(log)), (str(log),)):
+        out = _classify(*args)
+        c = out["classification"]
+        assert (c["rule"], c["rank"], c["wrapped_by"]) == ("P6", 1, ["D4"]), out
+        assert any("Signal 9 (SIGKILL) received by PID" in line for line in c["lines"])
+    # the exit torchrun reports is rank 1's exit status: without the text rule, the signal rule sees it
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\nid = "P6"\ncategory = "oom"\nany = ["^no such line$"]\n')
+    out = _classify("--rules", str(rules), "--agent-log", str(log))
+    assert (out["classification"]["rule"], out["classification"]["rank"]) == ("X-SIGKILL", 1)
 
 
 def test_crash_restart_resume_finish_and_the_daemon_never_loads_torch(start: Start, tmp_path: Path) -> None:
