@@ -131,8 +131,8 @@ def test_crash_restart_resume_finish_and_the_daemon_never_loads_torch(start: Sta
         "--snapshot",
         str(snapshot),
     )
-    # generation 1 has 20 steps of at least 50 ms left, after its first use of DDP (which
-    # imports torch._dynamo, not preloaded by default): its ranks are alive a while
+    # generation 1 has 20 steps of at least 50 ms left after it says it resumed: its ranks
+    # are alive a while (its set-up, DDP's import of torch._dynamo included, comes before)
     wait_until(lambda: "[rank 0] resuming from snapshot at step 10" in d.stdout(), 120, "generation 1")
     maps = Path(f"/proc/{d.pid}/maps").read_text()
     assert "libtorch" not in maps
