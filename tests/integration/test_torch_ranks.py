@@ -109,11 +109,16 @@ def _classify_names_the_rank_torchrun_reports(said: str, tmp_path: Path) -> None
 
 
 def test_crash_restart_resume_finish_and_the_daemon_never_loads_torch(start: Start, tmp_path: Path) -> None:
-    # under the default --preload: the daemon starts torch ranks and a preloaded standby
-    # generation, and never maps libtorch itself (one restart, all it needs: a restart left
-    # over would have it preload standbys that the last generation never uses)
+    # the daemon starts torch ranks from its fork server and a preloaded standby generation,
+    # and never maps libtorch itself (one restart, all it needs: a restart left over would
+    # have it preload standbys that the last generation never uses). The default preload
+    # with torch._dynamo, which DDP's set-up imports (1.8 CPU-s a rank a generation
+    # otherwise); that the default's resolution does not import torch in the daemon:
+    # tests/unit/test_cli.py
     snapshot = tmp_path / "snapshot.pt"
     d = start(
+        "--preload",
+        "torch,torch.distributed,torch.nn.parallel,torch._dynamo",
         "--nproc-per-node",
         "2",
         "--max-restarts",
@@ -132,7 +137,7 @@ def test_crash_restart_resume_finish_and_the_daemon_never_loads_torch(start: Sta
         str(snapshot),
     )
     # generation 1 has 20 steps of at least 50 ms left after it says it resumed: its ranks
-    # are alive a while (its set-up, DDP's import of torch._dynamo included, comes before)
+    # are alive a while
     wait_until(lambda: "[rank 0] resuming from snapshot at step 10" in d.stdout(), 120, "generation 1")
     maps = Path(f"/proc/{d.pid}/maps").read_text()
     assert "libtorch" not in maps
