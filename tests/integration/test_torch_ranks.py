@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 
+from supervisor.cli import main
 from supervisor.process.native import FLIGHT_RECORDER
 from tests.support import RANKS, TRAIN, Daemon, rank_pids, wait_until
 
 pytestmark = pytest.mark.torch
 Start = Callable[..., Daemon]
+Capture = pytest.CaptureFixture[str]
 
 # Values that must differ between two runs (ports, run ids, paths), and the one
 # we change on purpose: ranks never use an agent store that outlives a generation.
@@ -34,7 +36,9 @@ def _lines(text: str) -> set[str]:
     return {re.sub(r"\d+", "0", line).strip() for line in text.splitlines() if line.strip()}
 
 
-def test_ranks_get_the_environment_and_say_what_they_say_under_torchrun(start: Start, tmp_path: Path) -> None:
+def test_ranks_get_the_environment_and_say_what_they_say_under_torchrun(
+    start: Start, tmp_path: Path, capsys: Capture
+) -> None:
     """One real torchrun run (3 torch imports) serves two comparisons: what its ranks get and
     say against ours, and ``ft-supervisor classify`` on its log, where rank 1 is SIGKILLed
     after the all_reduce (``--sigkilled``: the ranks' argv beyond argv[0] is not compared)."""
@@ -79,21 +83,21 @@ def test_ranks_get_the_environment_and_say_what_they_say_under_torchrun(start: S
         for stream in ("stdout.log", "stderr.log"):
             text = (run_dir / "gen_0" / f"local_rank_{rank}" / stream).read_text()
             assert all(line in masked for line in _lines(text)), (stream, text, said)
-    _classify_names_the_rank_torchrun_reports(said, tmp_path)
+    _classify_names_the_rank_torchrun_reports(said, tmp_path, capsys)
 
 
-def _classify(*args: str) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "supervisor", "classify", "--json", *args],
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    out: dict[str, Any] = json.loads(done.stdout)
-    return out
-
-
-def _classify_names_the_rank_torchrun_reports(said: str, tmp_path: Path) -> None:
+def _classify_names_the_rank_torchrun_reports(said: str, tmp_path: Path, capsys: Capture) -> None:
     """``ft-supervisor classify`` on a real torchrun log (tests/component/test_postmortem.py's
-    other cases are written logs): the rank torchrun reports, named as the launcher's log or
-    found to be one."""
+    other cases are written logs, and run the command in its own interpreter, as an SRE
+    does; here its main, in this process): the rank torchrun reports, named as the
+    launcher's log or found to be one."""
+
+    def _classify(*args: str) -> dict[str, Any]:
+        capsys.readouterr()
+        assert main(["classify", "--json", *args]) == 0, capsys.readouterr().err
+        out: dict[str, Any] = json.loads(capsys.readouterr().out)
+        return out
+
     log = tmp_path / "torchrun.log"
     log.write_text(said)
     for args in (("--agent-log", str(log)), (str(log),)):
