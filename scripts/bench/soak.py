@@ -2,6 +2,7 @@
 wedge the daemon happens at once, and a count of the daemon's wrong decisions.
 
     python scripts/bench/soak.py [--duration 180] [--seed 1] [--out DIR]
+        [--faults N] [--fault-gap LO-HI] [--train SCRIPT] [--preload MODULES]
 
 The job is ``scripts/train.py`` (DDP over gloo on CPU, a snapshot every 10 steps,
 resumed after each restart). For ``--duration`` seconds, on a seeded schedule:
@@ -15,6 +16,11 @@ resumed after each restart). For ``--duration`` seconds, on a seeded schedule:
   thousands of topics on events.sock, metrics clients that never send a request, the
   daemon SIGSTOPped for 1-3 s, SIGHUP with a config file that is an endless YAML
   alias, not UTF-8, or too big.
+
+``--faults N`` ends the chaos after N rank faults instead (``--duration`` still the
+bound), ``--fault-gap`` is the seconds of progress before each fault (default 1-5),
+``--train`` another job with train.py's command line (the test's is torch-free:
+tests/fixtures/ranks/lockstep.py) and ``--preload`` what its standbys preload.
 
 Then SIGTERM, and the count. It exits 1 on any false hang, healthy rank killed,
 lost step (a restart that resumed further back than the last snapshot before the
@@ -53,6 +59,10 @@ from _common import become_subreaper, kill_leftovers, read_status_kb
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "scripts" / "train.py"
+# the soak is about decisions under chaos, and ends by SIGTERM: standbys that preload what
+# DDP imports on first use make each restart ~1.5 s shorter, so more faults fit (the
+# default leaves torch._dynamo out: docs/guides/standbys.md)
+PRELOAD = "torch,torch.distributed,torch.nn.parallel,torch._dynamo"
 SAVE_EVERY = 10
 HEARTBEAT_TIMEOUT = 4.0
 BAD_CONFIGS: dict[str, bytes] = {
@@ -287,10 +297,10 @@ def _side_chaos(run: Run, rng: random.Random, config: Path) -> None:
 # -- rank faults -----------------------------------------------------------------------
 
 
-def _inject(run: Run, rng: random.Random, milestones: Path) -> None:
+def _inject(run: Run, rng: random.Random, milestones: Path, gap: tuple[float, float]) -> None:
     gen = _current_generation(run)
     _wait(lambda: _stepping(milestones, gen), 60, f"generation {gen} to step")
-    run.stop.wait(rng.uniform(1.0, 5.0))  # some progress first: a snapshot, perhaps
+    run.stop.wait(rng.uniform(*gap))  # some progress first: a snapshot, perhaps
     if run.stop.is_set():
         return
     rank = rng.randrange(2)
@@ -368,7 +378,20 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def soak(duration: float, seed: int, out: Path) -> int:
+@dataclass(frozen=True)
+class Plan:
+    """What runs, and for how long."""
+
+    duration: float = 180.0
+    seed: int = 1
+    faults: int = 0  # 0: as many as fit in the duration
+    gap: tuple[float, float] = (1.0, 5.0)
+    train: Path = TRAIN
+    preload: str = PRELOAD
+
+
+def soak(plan: Plan, out: Path) -> int:
+    duration, seed = plan.duration, plan.seed
     rng = random.Random(seed)
     become_subreaper()
     home, logs = out / "home", out / "logs"
@@ -382,11 +405,8 @@ def soak(duration: float, seed: int, out: Path) -> int:
             "--max-restarts", "1000", "--ft-cfg-path", str(config), "--metrics-port", str(metrics_port),
             "--ft-rank-heartbeat-timeout", str(HEARTBEAT_TIMEOUT),
             "--ft-initial-rank-heartbeat-timeout", "120",
-            # the soak is about decisions under chaos, and ends by SIGTERM: standbys that
-            # preload what DDP imports on first use make each restart ~1.5 s shorter, so
-            # more faults fit (the default leaves torch._dynamo out: docs/guides/standbys.md)
-            "--preload", "torch,torch.distributed,torch.nn.parallel,torch._dynamo",
-            str(TRAIN), "--steps", "1000000", "--step-time", "0.05", "--save-every", str(SAVE_EVERY),
+            "--preload", plan.preload,
+            str(plan.train), "--steps", "1000000", "--step-time", "0.05", "--save-every", str(SAVE_EVERY),
             "--heartbeat", "--print-every", "100000", "--snapshot", str(snapshot),
             "--events", str(milestones)]  # fmt: skip
     with _tmpfs(logs, "16m") as disk:
@@ -396,6 +416,7 @@ def soak(duration: float, seed: int, out: Path) -> int:
         run = Run(proc, home, logs)
         threads: list[threading.Thread] = []
         cgroup, token = None, None
+        chaos_for = 0.0
         try:
             def stepping() -> bool:
                 if proc.poll() is not None:  # no point waiting out the 120 s: say why at once
@@ -420,16 +441,22 @@ def soak(duration: float, seed: int, out: Path) -> int:
                 t = threading.Thread(target=_reporting, args=(run, target, *args), daemon=True)
                 t.start()
                 threads.append(t)
-            end = time.monotonic() + duration
+            began = time.monotonic()
+            end = began + duration
+
+            def more() -> bool:
+                return plan.faults == 0 or len(run.faults) < plan.faults
+
             try:
-                while time.monotonic() < end and proc.poll() is None:
-                    _inject(run, rng, milestones)
-                    if disk and rng.random() < 0.5:
+                while time.monotonic() < end and proc.poll() is None and more():
+                    _inject(run, rng, milestones, plan.gap)
+                    if disk and more() and rng.random() < 0.5:
                         _full_disk(run, rng, milestones)
                     run.peak_rss_kb = max(run.peak_rss_kb, read_status_kb(proc.pid, "VmHWM").get("VmHWM", 0))
             except TimeoutError as exc:  # a fault not recovered: counted below, and the run stops
                 run.errors.append(str(exc))
             run.stop.set()
+            chaos_for = time.monotonic() - began
             for t in threads:
                 t.join(30)
             gen = _current_generation(run)
@@ -456,12 +483,12 @@ def soak(duration: float, seed: int, out: Path) -> int:
             _wait(lambda: not _orphans(token, cgroup), 10, "the run's processes to go")
         orphans = _orphans(token, cgroup) + kill_leftovers(3.0)
         figures = count(run, milestones)
-    return report(run, figures, orphans, code, duration)
+    return report(run, figures, orphans, code, chaos_for)
 
 
 def report(run: Run, f: dict[str, Any], orphans: list[str], code: int, duration: float) -> int:
     rows = [
-        ("duration", f"{duration:g} s"),
+        ("duration", f"{duration:.0f} s"),
         ("faults injected", f["faults"]),
         ("faults recovered", f["recovered"]),
         ("false hang declarations", len(f["false_hangs"])),
@@ -496,15 +523,24 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--duration", type=float, default=180.0, help="seconds of chaos (default 180)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--faults", type=int, default=0, help="end after this many rank faults (default 0: "
+                   "as many as fit in --duration, which still bounds the run)")  # fmt: skip
+    p.add_argument(
+        "--fault-gap", default="1-5", help="seconds of progress before each fault, LO-HI (default 1-5)"
+    )
+    p.add_argument("--train", type=Path, default=TRAIN, help="the job, with train.py's command line")
+    p.add_argument("--preload", default=PRELOAD, help=f"what the standbys preload (default {PRELOAD})")
     p.add_argument(
         "--out", type=Path, default=None, help="where the run goes (default: a temporary directory)"
     )
     a = p.parse_args()
+    lo, _, hi = a.fault_gap.partition("-")
+    plan = Plan(a.duration, a.seed, a.faults, (float(lo), float(hi or lo)), a.train.resolve(), a.preload)
     if a.out is None:
         with tempfile.TemporaryDirectory(prefix="ft-soak-") as tmp:
-            return soak(a.duration, a.seed, Path(tmp))
+            return soak(plan, Path(tmp))
     a.out.mkdir(parents=True, exist_ok=True)
-    return soak(a.duration, a.seed, a.out.resolve())
+    return soak(plan, a.out.resolve())
 
 
 if __name__ == "__main__":

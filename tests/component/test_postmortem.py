@@ -1,5 +1,7 @@
 """``ft-supervisor classify`` and ``ft-supervisor plugins``, as an SRE runs them. classify on the
-run directories a daemon leaves: tests/fast/test_postmortem_runs.py."""
+run directories a daemon leaves: tests/fast/test_postmortem_runs.py; on a real torchrun log (the
+rank torchrun reports): tests/integration/test_torch_ranks.py, on the log of the torchrun run
+that test compares our ranks with."""
 
 from __future__ import annotations
 
@@ -8,11 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from supervisor.postmortem import KEEP_FIRST, KEEP_LAST, TAIL, scan
-from supervisor.process.ports import free_port
-from tests.support import RANKS, REPO
+from tests.support import REPO
 
 CORPUS = REPO / "tests" / "fixtures" / "failures"
 WATCHDOG = (
@@ -97,31 +96,6 @@ def test_a_single_rank_log_is_named_by_its_rank_prefix(tmp_path: Path) -> None:
     )
     out = json.loads(_cli("classify", "--json", str(log)).stdout)
     assert (out["classification"]["rule"], out["classification"]["rank"]) == ("C2", 3)
-
-
-@pytest.mark.torch
-def test_a_torchrun_log_names_the_rank_torchrun_reports(tmp_path: Path) -> None:
-    torchrun = Path(sys.executable).parent / "torchrun"
-    ran = subprocess.run(
-        [str(torchrun), "--nproc-per-node", "2", "--max-restarts", "0", "--master-addr", "127.0.0.1",
-         "--master-port", str(free_port()), str(RANKS / "sigkilled.py")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, cwd=tmp_path,
-    )  # fmt: skip
-    assert ran.returncode == 1, ran.stdout
-    assert "failed (exitcode: -9) local_rank: 1" in ran.stdout
-    log = tmp_path / "torchrun.log"
-    log.write_text(ran.stdout)
-    # named as the launcher's log, or found to be one
-    for args in (("--agent-log", str(log)), (str(log),)):
-        out = json.loads(_cli("classify", "--json", *args).stdout)
-        c = out["classification"]
-        assert (c["rule"], c["rank"], c["wrapped_by"]) == ("P6", 1, ["D4"]), out
-        assert any("Signal 9 (SIGKILL) received by PID" in line for line in c["lines"])
-    # the exit torchrun reports is rank 1's exit status: without the text rule, the signal rule sees it
-    rules = tmp_path / "rules.toml"
-    rules.write_text('[[rule]]\nid = "P6"\ncategory = "oom"\nany = ["^no such line$"]\n')
-    out = json.loads(_cli("classify", "--json", "--rules", str(rules), "--agent-log", str(log)).stdout)
-    assert (out["classification"]["rule"], out["classification"]["rank"]) == ("X-SIGKILL", 1)
 
 
 def test_an_ft_launcher_hang_is_a_hang_of_the_rank_it_names() -> None:

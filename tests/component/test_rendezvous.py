@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
-import subprocess
 import sys
 import threading
 import time
@@ -157,22 +157,46 @@ def test_a_restart_round_looks_at_the_state_often_and_uncached_then_at_torchs_pa
     assert pace.Pace().interval(100) == pytest.approx(0.2)
 
 
+def _ours(value: object) -> bool:
+    module = getattr(value, "__module__", None)
+    return isinstance(module, str) and (module == "supervisor" or module.startswith("supervisor."))
+
+
 def test_importing_our_rendezvous_changes_nothing_of_torchs(endpoint: str, made: Make) -> None:
-    # it used to replace torch's poll delay for every user of torch in the process
-    script = """if True:
-        from torch.distributed.elastic.rendezvous import api, dynamic_rendezvous as dyn, utils
-        def seen():
-            spaces = [vars(dyn), vars(utils), vars(api), api.rendezvous_handler_registry._registry]
-            spaces += [vars(c) for c in vars(dyn).values() if isinstance(c, type)]
-            return [{k: id(v) for k, v in space.items()} for space in spaces]
-        before = seen()
-        import supervisor.coord.torchrdzv
-        assert seen() == before and dyn._delay is utils._delay, "torch changed on import"
-    """
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    # it used to replace torch's poll delay for every user of torch in the process. Checked
+    # here, not in a fresh interpreter (which paid a whole torch import, ~2.7 CPU-s, for it):
+    # nothing of torch's is ours, whatever imported us before; and our modules' code, run
+    # again from scratch, changes nothing of torch's
+    from torch.distributed.elastic.rendezvous import api, utils  # noqa: PLC0415
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn  # noqa: PLC0415
+
+    def spaces() -> list[dict[str, Any]]:
+        found = [vars(dyn), vars(utils), vars(api), api.rendezvous_handler_registry._registry]
+        return found + [vars(c) for c in vars(dyn).values() if isinstance(c, type)]
+
+    def seen() -> list[dict[str, int]]:
+        return [{k: id(v) for k, v in space.items()} for space in spaces()]
+
+    registered = api.rendezvous_handler_registry._registry
+    planted = [k for space in spaces() for k, v in space.items() if _ours(v)]
+    # our own names in torch's registry are ours on purpose (torchrdzv.register, when a job needs them)
+    assert set(planted) <= set(torchrdzv.NAMES.values()), planted
+    assert all(_ours(registered[name]) for name in planted)
+    before = seen()
+    mine = {n: m for n, m in sys.modules.items() if n == "supervisor" or n.startswith("supervisor.")}
+    try:
+        for name in mine:
+            del sys.modules[name]
+        importlib.import_module("supervisor.coord.torchrdzv")
+        after = seen()
+    finally:  # this worker's other tests keep the modules (and classes) they already hold
+        for name in [n for n in sys.modules if n == "supervisor" or n.startswith("supervisor.")]:
+            del sys.modules[name]
+        sys.modules.update(mine)
+    pairs = zip(before, after, strict=False)
+    changed = sorted({k for b, a in pairs for k in b.keys() | a.keys() if b.get(k) != a.get(k)})
+    assert after == before, f"torch changed on import: {changed}"
+    assert dyn._delay is utils._delay
 
     # nor while our nodes join: a handler torch makes keeps torch's pace and cache
     from torch.distributed.elastic.rendezvous import (  # noqa: PLC0415

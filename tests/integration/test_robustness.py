@@ -145,6 +145,8 @@ def test_slow_metrics_clients_cannot_pile_up_threads(start: Start) -> None:
     pytest.importorskip("prometheus_client")
     d = start(*FAST, "--metrics-port", "0", BEHAVE, "--forever")
     port = int(d.wait_event("metrics_serving")[0]["port"])
+    # counted once the ranks are spawned: spawning starts threads of its own for a moment
+    d.wait_event("generation_started")
     before = _threads(d.pid)
     idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]  # never send a request
     try:

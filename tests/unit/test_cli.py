@@ -136,6 +136,22 @@ def _parse(*argv: str) -> object:
     return build_run_config(ns, {})
 
 
+def test_the_default_preload_is_torchs_found_without_importing_it(script: Path) -> None:
+    # --preload auto: torch when installed, by a stat; importing it in the daemon would cost
+    # 200 MB (that the daemon, its fork server and standbys working, never maps libtorch:
+    # tests/integration/test_torch_ranks.py)
+    pytest.importorskip("torch")
+    code = (
+        "import sys; from supervisor.cli import build_parser; "
+        "from supervisor.config.build import build_run_config; "
+        f"c = build_run_config(build_parser().parse_args(['run', {str(script)!r}]), {{}}); "
+        "print(','.join(c.program.preload), 'torch' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["torch,torch.distributed,torch.nn.parallel", "False"]
+
+
 def test_a_prior_mean_time_between_failures(script: Path) -> None:
     assert _parse(str(script)).mtbf is None  # type: ignore[attr-defined]
     assert _parse("--mtbf", "3600", str(script)).mtbf == 3600.0  # type: ignore[attr-defined]

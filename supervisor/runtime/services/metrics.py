@@ -127,6 +127,10 @@ class Metrics:
             """At most MAX_CLIENTS threads: a connection beyond them is closed at once."""
 
             address_family = family
+            # socketserver's default accept queue is 5: a burst of connections beyond it
+            # (slow clients, as in issue 12) had the kernel drop their SYNs, and every
+            # client, a scrape included, waited out a retransmission (1 s, then 3 s...)
+            request_queue_size = 128
 
             def process_request(self, request: Any, client_address: Any) -> None:
                 if not slots.acquire(blocking=False):
