@@ -45,7 +45,8 @@ for code, args in questions:
         except BaseException:
             traceback.print_exc()
             rc = 1
-    answers.append({"argv": ["-c", code, *args], "stdout": out.getvalue(), "stderr": err.getvalue(), "rc": rc})
+    said = {"stdout": out.getvalue(), "stderr": err.getvalue(), "rc": rc}
+    answers.append({"argv": ["-c", code, *args], **said})
 with open(target, "w") as f:
     json.dump(answers, f)
 """

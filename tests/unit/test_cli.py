@@ -69,6 +69,7 @@ def script(tmp_path: Path) -> Path:
 def test_bad_options_exit_2_with_a_clear_message(
     args: list[str],
     message: str,
+    *,
     script: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
