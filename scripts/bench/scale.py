@@ -205,6 +205,8 @@ async def _nodes(args: argparse.Namespace) -> dict[str, Any]:
     from supervisor.core.types import Action, Reason  # noqa: PLC0415
 
     n, here = args.total, args.child
+    if not args.port:  # started before the store: its proxy's port comes once both are up
+        args.port = int(await asyncio.to_thread(sys.stdin.readline))
     conf = {"is_host": "0", "keep_alive_interval": str(args.keep_alive), "keep_alive_max_attempt": "3",
             "join_timeout": "900", "last_call_timeout": "1"}  # fmt: skip
     cfg = RdzvConfig("c10d", f"127.0.0.1:{args.port}", "scale", n, n, local_addr="127.0.0.1", conf=conf)
@@ -324,14 +326,28 @@ def one_run(n: int, args: argparse.Namespace) -> dict[str, Any]:
     procs: list[subprocess.Popen[str]] = []
     err = open(args.stderr, "a")  # noqa: SIM115 - closed below
     try:
+        # the nodes' processes first: they import torch while the store's host does (they
+        # read the proxy's port once it is up); nothing is counted before every node joined
+        parts = _slices(n, args.procs or max(1, -(-n // NODES_PER_PROCESS)))
+        children: list[subprocess.Popen[str]] = []
+        offset = 0
+        for here in parts:
+            children.append(subprocess.Popen(
+                [py, __file__, "--child", str(here), "--total", str(n), "--offset", str(offset),
+                 "--port", "0", "--keep-alive", str(args.keep_alive),
+                 "--join-gap", str(len(parts) / args.join_rate)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+            ))  # fmt: skip
+            offset += here
+        procs.extend(children)
         store = subprocess.Popen([py, "-c", STORE_HOST], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  stderr=err, text=True, env=env)  # fmt: skip
-        procs.append(store)
+        procs.insert(0, store)
         assert store.stdout is not None
         store_port = int(store.stdout.readline())
         proxy = subprocess.Popen([py, str(HERE / "_store_proxy.py"), str(store_port)], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=err, text=True, env=env)  # fmt: skip
-        procs.append(proxy)
+        procs.insert(1, proxy)
         assert proxy.stdout is not None and proxy.stdin is not None
         port = int(proxy.stdout.readline())
 
@@ -341,19 +357,6 @@ def one_run(n: int, args: argparse.Namespace) -> dict[str, Any]:
             proxy.stdin.flush()
             got: dict[str, Any] = json.loads(proxy.stdout.readline())
             return got
-
-        parts = _slices(n, args.procs or max(1, -(-n // NODES_PER_PROCESS)))
-        children: list[subprocess.Popen[str]] = []
-        offset = 0
-        for here in parts:
-            children.append(subprocess.Popen(
-                [py, __file__, "--child", str(here), "--total", str(n), "--offset", str(offset),
-                 "--port", str(port), "--keep-alive", str(args.keep_alive),
-                 "--join-gap", str(len(parts) / args.join_rate)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
-            ))  # fmt: skip
-            offset += here
-        procs.extend(children)
 
         def read(c: subprocess.Popen[str]) -> dict[str, Any]:
             assert c.stdout is not None
@@ -368,6 +371,8 @@ def one_run(n: int, args: argparse.Namespace) -> dict[str, Any]:
             c.stdin.write(what + "\n")
             c.stdin.flush()
 
+        for c in children:
+            say(c, str(port))
         ready = [read(c) for c in children]  # every node joined, its wait connections open
         time.sleep(args.settle)
         pids = [store.pid] + [c.pid for c in children]

@@ -20,11 +20,19 @@ NO_TORCH = ("--preload", "none")  # straggling.py steps without torch: nothing t
 
 
 @pytest.mark.torch
-def test_a_ddp_rank_computing_longer_is_flagged_and_its_peer_is_not(start: Start) -> None:
-    d = start("--nproc-per-node", "2", *FAST, str(RANKS / "ddp_straggling.py"),
-              "--steps", "40", "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3")  # fmt: skip
-    found = d.wait_event("straggler_detected", timeout=60)
-    assert found[0]["rank"] == 1, d.story()
+def test_a_ddp_rank_computing_longer_is_flagged_and_its_peer_is_not(start: Start, tmp_path: Path) -> None:
+    # the ranks step until the test has seen the verdict (the peer scored all along, over the
+    # same windows that flagged the straggler); a fixed 40 steps ran ~20 past it, or raced it
+    # on a busy machine
+    stop = tmp_path / "stop"
+    d = start("--nproc-per-node", "2", *FAST, str(RANKS / "ddp_straggling.py"), "--steps", "2000",
+              "--step-time", "0.05", "--slow-rank", "1", "--factor", "1.3",
+              "--stop-file", str(stop))  # fmt: skip
+    try:
+        found = d.wait_event("straggler_detected", timeout=60)
+        assert found[0]["rank"] == 1, d.story()
+    finally:
+        stop.touch()
     assert d.wait() == 0, d.story()
     assert {e["rank"] for e in d.events("straggler_detected")} == {1}
 

@@ -69,15 +69,19 @@ def script(tmp_path: Path) -> Path:
 def test_bad_options_exit_2_with_a_clear_message(
     args: list[str],
     message: str,
+    *,
     script: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     # the command line's own entry point, in this process (thirty interpreters cost more than
     # the checks); a check that let the options through must not start a daemon here
     def started(*_: object) -> int:
         raise AssertionError(f"{args} passed validation and would have started a daemon")
 
+    if args[:1] == ["--nproc-per-node"]:  # a name: the ranks' torch is asked what it counts
+        monkeypatch.setenv("PYTHON_EXEC", str(request.getfixturevalue("asked_torch")))
     monkeypatch.setattr("supervisor.runtime.lifecycle.start.run_daemon", started)
     try:
         code = main(["run", *args, str(script)])

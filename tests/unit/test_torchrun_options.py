@@ -141,11 +141,12 @@ def test_an_option_of_a_newer_torch_is_accepted_and_reported(tmp_path: Path) -> 
     assert found == (("--new-knob 3", "an option of torch 9.0.0 unknown to ft-supervisor: not applied"),)
 
 
-def test_another_torch_is_asked_once_then_cached(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    import sys  # noqa: PLC0415
-
+def test_another_torch_is_asked_once_then_cached(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, asked_torch: Path
+) -> None:
     env = {"XDG_CACHE_HOME": str(tmp_path), "PATH": os.environ.get("PATH", ""), "PET_NNODES": "2"}
-    first = torchrun.asked(sys.executable, env, "2.13.0+other")  # our torch, as if another version
+    # our torch (its answer: tests/unit/conftest.py), as if another version
+    first = torchrun.asked(str(asked_torch), env, "2.13.0+other")
     assert first.options == torchrun.TABLE  # torch's own defaults, not PET_NNODES's
     assert "parser" in first.source
     cached = torchrun.asked("/nonexistent/python", env, first.torch or "")
@@ -166,13 +167,11 @@ def test_pet_variables_set_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (ns.nproc_per_node, ns.virtual_local_rank, ns.logs_specs) == ("3", True, None)
 
 
-def test_device_counts_are_torchs(tmp_path: Path) -> None:
-    import sys  # noqa: PLC0415
-
+def test_device_counts_are_torchs(asked_torch: Path) -> None:
     from supervisor.config.run import parse_nproc  # noqa: PLC0415
 
     with pytest.raises(ConfigError, match=r"^--nproc-per-node xpu: Xpu is not available\.$"):
-        parse_nproc("xpu", {}, sys.executable)
+        parse_nproc("xpu", {}, str(asked_torch))
 
 
 def test_numa_binding_is_torchs_own_code(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -196,16 +195,16 @@ def test_numa_binding_is_torchs_own_code(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "FT_SUPERVISOR_NUMA_BINDING" not in os.environ
 
 
-def test_auto_asks_torch_where_a_node_has_an_accelerator_other_than_cuda(tmp_path: Path) -> None:
+def test_auto_asks_torch_where_a_node_has_an_accelerator_other_than_cuda(
+    tmp_path: Path, asked_torch: Path
+) -> None:
     # torchrun's auto counts any accelerator torch knows (XPU, HPU...), the CPUs only where
     # there is none: a node with another accelerator's device node asks the ranks' torch
-    import sys  # noqa: PLC0415
-
     from supervisor.config.run import parse_nproc  # noqa: PLC0415
 
     asked = tmp_path / "asked"
     python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\ntouch {asked}\nexec {sys.executable} "$@"\n')
+    python.write_text(f'#!/bin/sh\ntouch {asked}\nexec {asked_torch} "$@"\n')
     python.chmod(0o755)
     quiet, xpu = tmp_path / "dev-cpu", tmp_path / "dev-xpu"
     quiet.mkdir()
