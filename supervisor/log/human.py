@@ -185,7 +185,8 @@ def _open_too_long(f: Fields) -> str:
 
 
 def _rank_hung(f: Fields) -> str:
-    return _open_too_long(f) + (f"; blamed by {f['blamed_by']}" if f.get("blamed_by") else "")
+    late = f" noticed {_seconds(f['late_by'])} late" if f.get("late_by") else ""  # after its deadline
+    return _open_too_long(f) + late + (f"; blamed by {f['blamed_by']}" if f.get("blamed_by") else "")
 
 
 def _hang_bundle(f: Fields) -> str:

@@ -56,7 +56,8 @@ def test_the_events_command_prints_todays_names_and_the_fields_as_written(
 ) -> None:
     assert _print_event(json.dumps(HUNG_V1).encode(), False, 0.0) == 1.0
     shown = capsys.readouterr().out
-    assert "rank_hung" in shown and "late_by=0.25" in shown and "late=" not in shown
+    # a person's sentence, from the fields under today's names
+    assert "rank_hung: rank 1: heartbeat open" in shown and "noticed 0.25 s late" in shown, shown
     assert "section" not in shown  # nothing filled in that the line did not say
     assert _print_event(b"{truncated", False, 0.0) == 0.0  # skipped, as before
     assert _print_event(b'{"t_mono": 2.0, "x": 1}', False, 0.0) == 2.0  # no name: printed as it is
