@@ -254,3 +254,11 @@ def test_the_demos_story_names_the_root_cause_and_failure_to_stepping(
     assert incident.failed_at + incident.detection + incident.restart == pytest.approx(stepping, abs=1e-6)
     told = incident.detection + incident.restart
     assert f"rank 1 failed; every rank was stepping again {told:.2f} s later" in text
+    # the demo's console is for people: one [rank N] prefix (torch's own [rankN]: is not said
+    # twice), no daemon line wider than 200 characters, no inline JSON
+    console = (d.stdout() + d.stderr()).splitlines()
+    assert any(line.startswith("[rank 1] RuntimeError: injected fault") for line in console), console
+    assert not [line for line in console if "] [rank" in line]
+    assert all(len(line) <= 200 for line in console), max(console, key=len)
+    daemon = [line for line in console if line.startswith("[ft-supervisor]")]
+    assert daemon and not [line for line in daemon if '{"' in line or '":' in line]
