@@ -31,6 +31,7 @@ else:
 
 pytestmark = [
     pytest.mark.torch,
+    pytest.mark.slow,
     pytest.mark.skipif(ETCD is None, reason="no etcd server (Debian: apt-get install etcd-server)"),
     pytest.mark.skipif(not HAVE_CLIENT, reason="no python-etcd (pip install python-etcd)"),
 ]

@@ -17,7 +17,7 @@ from supervisor.cli import main
 from supervisor.process.native import FLIGHT_RECORDER
 from tests.support import RANKS, TRAIN, Daemon, rank_pids, wait_until
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 Start = Callable[..., Daemon]
 Capture = pytest.CaptureFixture[str]
 
