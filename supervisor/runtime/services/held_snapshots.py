@@ -79,6 +79,7 @@ class HeldSnapshots:
         # the step a generation restores, fixed by its first restore: a rank that restored and
         # snapshots again changes what it holds, never what the node's other ranks restore
         self._pinned: tuple[int, int | None] | None = None  # (generation, step)
+        self._restored: tuple[int, set[int]] = (-1, set())  # the generation, its ranks told restored
         self._lock: int | None = None  # held while the directory is ours (remove_stale tries it)
 
     @property
@@ -147,8 +148,12 @@ class HeldSnapshots:
         if found is None:
             return {"step": None}
         slot, held = found
-        self._events.emit(SnapshotRestored(generation=m.gen, rank=m.rank, step=held.step, source="memory",
-                                           bytes=held.nbytes))  # fmt: skip
+        told = self._restored if self._restored[0] == m.gen else (m.gen, set())
+        self._restored = told
+        if m.rank not in told[1]:  # once per rank and generation, however often it asks
+            told[1].add(m.rank)
+            self._events.emit(SnapshotRestored(generation=m.gen, rank=m.rank, step=held.step,
+                                               source="memory", bytes=held.nbytes))  # fmt: skip
         return {"step": held.step, "path": str(self.path(m.rank, slot)), "bytes": held.nbytes,
                 "checksum": held.checksum, "slot": slot}  # fmt: skip
 
