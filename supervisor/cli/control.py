@@ -326,6 +326,15 @@ def _slowness(row: dict[str, Any]) -> str:
     return f"{score:.2f}" + ("!" if row.get("straggler") else "")
 
 
+def _snapshots_line(snap: dict[str, Any], shown: int = 8) -> str:
+    """Held in memory: the bytes against the budget, and per rank its newest step."""
+    ranks = list(snap["ranks"].items())
+    held = ", ".join(f"rank {r} step {v['step']} ({_age(v['age_s'])} ago, {v['bytes']} B)"
+                     for r, v in ranks[:shown])  # fmt: skip
+    more = f", {len(ranks) - shown} more ranks" if len(ranks) > shown else ""
+    return f"snapshots: {snap['bytes']} of {snap['budget']} bytes; {held}{more}"
+
+
 def render_status(s: dict[str, Any]) -> str:
     lines = [
         f"run {s['run_id']}  pid {s['pid']}  generation {s['generation']}  "
@@ -361,6 +370,8 @@ def render_status(s: dict[str, Any]) -> str:
             lines.append(f"fork server: off ({fs.get('why')})")
     if s.get("checkpoint_interval"):
         lines.append(checkpoint_interval.describe(s["checkpoint_interval"]))
+    if (s.get("snapshots") or {}).get("ranks"):
+        lines.append(_snapshots_line(s["snapshots"]))
     if s.get("dropped"):
         lines.append("dropped messages: " + format_fields(s["dropped"]))
     for lookup in s.get("reverse_dns_slow") or ():  # every torch store connection waits as long

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from supervisor.config import checkpoints, ft, health, hosting, metrics, policy, stragglers, torchrun
+from supervisor.config import checkpoints, ft, health, hosting, memory, metrics, policy, stragglers, torchrun
 from supervisor.config.errors import ConfigError
 from supervisor.config.options import FINISHED_FLAG_ENV
 from supervisor.config.rendezvous import RdzvConfig, parse_conf
@@ -184,6 +184,7 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         finished_flag=_finished_flag(ns),
         autoresume=ns.autoresume,
         mtbf=_mtbf(ns.mtbf),
+        snapshot_memory=memory.parse(str(ns.snapshot_memory), memory.mem_total()),
         stop_signals=stops,
         standby=not ns.no_standby and ns.max_restarts > 0,
         cgroups=not ns.no_cgroups,

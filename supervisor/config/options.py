@@ -17,6 +17,7 @@ from supervisor.config import (
     ft,
     health,
     hosting,
+    memory,
     metrics,
     policy,
     stragglers,
@@ -233,6 +234,14 @@ def add_supervisor_options(f: Any) -> None:
         help="a prior for the mean time between failures, in seconds of training: the advised "
         "checkpoint interval starts from it before the run has failed, and moves towards "
         "what is measured as failures come",
+    )
+    _opt(
+        f,
+        "--snapshot-memory",
+        default=memory.DEFAULT,
+        help="the most memory the ranks' snapshots (client.snapshot) may take in /dev/shm, all "
+        "slots together: bytes (512M, 2G) or a fraction of the node's memory (default 0.25; 0: "
+        "none); never more than /dev/shm's free space. A snapshot beyond it is refused, training goes on",
     )
     _opt(f, "--log-level", default="info", choices=["debug", "info", "warning", "error"],
          action=hosting.StoreGiven, help="the daemon's log level (default info)")  # fmt: skip

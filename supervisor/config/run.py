@@ -215,6 +215,7 @@ class RunConfig:
     finished_flag: Path | None = None  # FAULT_TOL_FINISHED_FLAG_FILE: training is complete when it exists
     autoresume: bool = False  # create finished_flag when the job completes
     mtbf: float | None = None  # a prior mean time between failures, for the advised checkpoint interval
+    snapshot_memory: int | None = None  # bytes the ranks' snapshots may take; None: a quarter of RAM
     stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
     standby: bool = True
     fork_server: bool = True  # ranks forked from one process that preloaded (process/forkserver.py)

@@ -173,6 +173,40 @@ class NvrxServed:
     version: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotBegin:
+    """The rank is about to overwrite its snapshot ``slot`` with ``nbytes`` bytes (wire:
+    ``bytes``); the answer is an ack with ``ok`` and the slot file's ``path`` (or ``why``)."""
+
+    rank: int
+    gen: int
+    id: str
+    slot: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotDone:
+    """The rank copied ``step`` into ``slot`` and checksummed its first ``nbytes`` bytes
+    (xxh3_64, hex): fire and forget."""
+
+    rank: int
+    gen: int
+    slot: int
+    step: int
+    nbytes: int
+    checksum: str
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRestore:
+    """The rank asks which of its slots holds the newest step every rank holds complete."""
+
+    rank: int
+    gen: int
+    id: str
+
+
 RankMessage = (
     Hello
     | Heartbeat
@@ -189,4 +223,7 @@ RankMessage = (
     | SaverReady
     | Saved
     | NvrxServed
+    | SnapshotBegin
+    | SnapshotDone
+    | SnapshotRestore
 )

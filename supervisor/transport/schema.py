@@ -42,6 +42,9 @@ from supervisor.transport.messages import (
     SaverReady,
     Section,
     SectionOp,
+    SnapshotBegin,
+    SnapshotDone,
+    SnapshotRestore,
     Timing,
     WorkloadRequest,
 )
@@ -52,6 +55,8 @@ __all__ = [
     "MAX_CAUSES",
     "MAX_MESSAGE",
     "MAX_SECTIONS",
+    "MAX_SNAPSHOT_BYTES",
+    "MAX_SNAPSHOT_STEP",
     "MAX_STEP_SECONDS",
     "MAX_TRACEBACK",
     "VERSION",
@@ -74,6 +79,9 @@ __all__ = [
     "SaverReady",
     "Section",
     "SectionOp",
+    "SnapshotBegin",
+    "SnapshotDone",
+    "SnapshotRestore",
     "Timing",
     "WorkloadRequest",
     "decode_control",
@@ -97,6 +105,8 @@ class DropReason(StrEnum):
     UNAUTHENTICATED = "unauthenticated"  # without the rank's key (FT_SUPERVISOR_KEY)
     UNMONITORED_SECTION = "unmonitored_section"  # a section the configuration does not name
     BAD_TIMING = "bad_timing"  # a step timing that is not two finite durations (told apart from others)
+    # a snapshot said done for a slot not begun in this generation, or longer than its file
+    SNAPSHOT_UNBEGUN = "snapshot_unbegun"
 
 
 class Dropped(ValueError):
@@ -257,6 +267,33 @@ def _decode_saved(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
     )  # fmt: skip
 
 
+MAX_SNAPSHOT_BYTES = 1 << 44  # 16 TiB: beyond any host's memory (the budget bounds it further)
+MAX_SNAPSHOT_STEP = (1 << 63) - 1
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _bounded(m: dict[str, Any], key: str, low: int, high: int) -> int:
+    value = _int(m, key)
+    if not low <= value <= high:
+        raise Dropped(DropReason.MALFORMED, f"{key} {value}: expected {low} to {high}")
+    return value
+
+
+def _decode_snapshot_begin(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
+    slot, nbytes = _bounded(m, "slot", 0, 1), _bounded(m, "bytes", 1, MAX_SNAPSHOT_BYTES)
+    return SnapshotBegin(rank, gen, _str(m, "id", limit=64) or "", slot, nbytes)
+
+
+def _decode_snapshot_done(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
+    checksum = _str(m, "checksum", limit=16) or ""
+    if not checksum or not _HEX.issuperset(checksum):
+        raise Dropped(DropReason.MALFORMED, "checksum must be 1 to 16 hex digits (xxh3_64)")
+    return SnapshotDone(
+        rank, gen, _bounded(m, "slot", 0, 1), _bounded(m, "step", 0, MAX_SNAPSHOT_STEP),
+        _bounded(m, "bytes", 1, MAX_SNAPSHOT_BYTES), checksum.lower(),
+    )  # fmt: skip
+
+
 _DECODERS: dict[str, Callable[[dict[str, Any], int, int], RankMessage]] = {
     "hello": _decode_hello,
     "heartbeat": lambda m, rank, gen: Heartbeat(rank, gen),
@@ -275,6 +312,9 @@ _DECODERS: dict[str, Callable[[dict[str, Any], int, int], RankMessage]] = {
     ),
     "saved": _decode_saved,
     "nvrx": lambda m, rank, gen: NvrxServed(rank, gen, _str(m, "version", optional=True, limit=64)),
+    "snapshot_begin": _decode_snapshot_begin,
+    "snapshot_done": _decode_snapshot_done,
+    "snapshot_restore": lambda m, rank, gen: SnapshotRestore(rank, gen, _str(m, "id", limit=64) or ""),
 }
 
 

@@ -52,6 +52,16 @@ def test_every_rank_message_round_trips() -> None:
             schema.encode("saved", rank=1, gen=2, id="q", ok=False, error="disk full", seconds=1),
             schema.Saved(1, 2, "q", False, "disk full", 1.0),
         ),
+        (
+            schema.encode("snapshot_begin", rank=1, gen=2, id="b1", slot=1, bytes=4096),
+            schema.SnapshotBegin(1, 2, "b1", 1, 4096),
+        ),
+        (
+            schema.encode("snapshot_done", rank=1, gen=2, slot=0, step=7, bytes=100,
+                          checksum="00AB34cd5e6f7890"),
+            schema.SnapshotDone(1, 2, 0, 7, 100, "00ab34cd5e6f7890"),
+        ),
+        (schema.encode("snapshot_restore", rank=1, gen=2, id="r1"), schema.SnapshotRestore(1, 2, "r1")),
     ]
     for payload, expected in cases:
         assert schema.decode_rank_message(payload) == expected
@@ -85,6 +95,18 @@ def test_every_rank_message_round_trips() -> None:
         (_msg(type="saved", id="q", ok=True, seconds=-1), DropReason.MALFORMED),
         (_msg(type="saved", id="q", ok=True, seconds=True), DropReason.MALFORMED),
         (_msg(type="saved", ok=True, seconds=1), DropReason.MALFORMED),
+        (_msg(type="snapshot_begin", id="b", slot=2, bytes=10), DropReason.MALFORMED),
+        (_msg(type="snapshot_begin", id="b", slot=0, bytes=0), DropReason.MALFORMED),
+        (_msg(type="snapshot_begin", id="b", slot=0, bytes=schema.MAX_SNAPSHOT_BYTES + 1),
+         DropReason.MALFORMED),
+        (_msg(type="snapshot_begin", id="b", slot=True, bytes=10), DropReason.MALFORMED),
+        (_msg(type="snapshot_begin", slot=0, bytes=10), DropReason.MALFORMED),
+        (_msg(type="snapshot_done", slot=0, step=-1, bytes=10, checksum="ab"), DropReason.MALFORMED),
+        (_msg(type="snapshot_done", slot=0, step=1, bytes=10, checksum="xyz"), DropReason.MALFORMED),
+        (_msg(type="snapshot_done", slot=0, step=1, bytes=10, checksum="a" * 17), DropReason.MALFORMED),
+        (_msg(type="snapshot_done", slot=0, step=1, bytes=10, checksum=""), DropReason.MALFORMED),
+        (_msg(type="snapshot_done", slot=0, step=1.5, bytes=10, checksum="ab"), DropReason.MALFORMED),
+        (_msg(type="snapshot_restore", id="r" * 65), DropReason.MALFORMED),
         (b"{" + b" " * schema.MAX_MESSAGE + b"}", DropReason.OVERSIZED),
     ],
 )

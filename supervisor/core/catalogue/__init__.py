@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from supervisor.core.catalogue import checkpoints, daemon, generation, health, job, ranks, services
+from supervisor.core.catalogue import checkpoints, daemon, generation, health, job, ranks, services, snapshots
 from supervisor.core.catalogue.base import HEADER, LEVEL_NAMES, VERSION_KEY, Event, Field, Unknown
 
 __all__ = [
@@ -31,12 +31,13 @@ TOPICS: dict[str, str] = {
     "ranks": "Ranks",
     "generation": "Generations and decisions",
     "checkpoints": "Checkpoints",
+    "snapshots": "Snapshots held in memory",
     "job": "The job across nodes",
     "health": "Node health",
     "daemon": "The daemon",
     "services": "The daemon's services",
 }
-_MODULES: tuple[ModuleType, ...] = (ranks, generation, checkpoints, job, health, daemon, services)
+_MODULES: tuple[ModuleType, ...] = (ranks, generation, checkpoints, snapshots, job, health, daemon, services)
 
 # fields the event log adds to every line of a run (EventLog's common fields)
 COMMON = ("run_id",)

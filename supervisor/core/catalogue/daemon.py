@@ -55,6 +55,7 @@ class Status(Event, name="status"):
     fork_server: dict[str, Any] | None
     checkpoint_interval: dict[str, Any]
     reverse_dns_slow: list[dict[str, Any]] | None
+    snapshots: dict[str, Any] | None = None  # held in memory: per rank the newest step, age, bytes
 
 
 class StopRequested(Event, name="stop_requested"):

@@ -44,6 +44,7 @@ from supervisor.runtime.records.health import NodeHealth
 from supervisor.runtime.records.rundir import RunDir
 from supervisor.runtime.services.checkpoint_interval import IntervalAdvice
 from supervisor.runtime.services.control import ControlServer
+from supervisor.runtime.services.held_snapshots import HeldSnapshots, remove_stale
 from supervisor.runtime.services.kernellog import KernelLog
 from supervisor.runtime.services.loopwatch import LoopWatch
 from supervisor.runtime.services.metrics import close_metrics, refresh_metrics, start_metrics
@@ -105,6 +106,9 @@ class Supervisor:
         )  # fmt: skip
         self.advice = IntervalAdvice(events, clock, cfg.mtbf)
         self.monitor.on_save, self.monitor.advice = self.advice.saved, self.advice.describe
+        # the ranks' snapshots, held across generations until the run ends
+        self.snapshots = HeldSnapshots(events, clock, budget=cfg.snapshot_memory, token=self.token)
+        self.monitor.snapshots = self.snapshots.handle
         self.health = NodeHealth(cfg.health, events, clock, cfg.run_id)
         self.kernel = KernelLog(events)
         self.hosting = Hosting(cfg, events, self.monitor, logger, self._signaller,
@@ -148,6 +152,7 @@ class Supervisor:
         status.announce_settings(self.cfg, self.events)
         deciding.announce(self.plugins, self.cfg, self.events)
         self.kernel.start()
+        remove_stale()  # the snapshots of a daemon that died without removing them
         code = EXIT_FAILED
         try:
             async with asyncio.TaskGroup() as tg:
@@ -179,6 +184,7 @@ class Supervisor:
             await self._launcher.close()
             signals.uninstall(handled)
             await guard.close()
+            self.snapshots.release()  # no rank is left to map them
             loop = self.loop
             closing.close_run(
                 code,
@@ -221,6 +227,7 @@ class Supervisor:
             loop_watch=self.loop_watch,
             launcher=self._launcher,
             advice=self.advice.describe(),
+            snapshots=self.snapshots.describe(now),
             slow_lookups=self._slow_lookups,
         )
 

@@ -11,6 +11,7 @@ import asyncio
 import traceback
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 import zmq.asyncio
 
@@ -33,6 +34,7 @@ from supervisor.runtime.lifecycle.inbox import Inbox
 from supervisor.runtime.lifecycle.notices import Notices
 from supervisor.runtime.lifecycle.timers import Timers
 from supervisor.runtime.records.events import EventLog
+from supervisor.runtime.services.held_snapshots import SnapshotMessage, no_snapshots
 from supervisor.runtime.services.loopwatch import LoopWatch
 from supervisor.transport import schema
 from supervisor.transport.schema import Dropped, DropReason
@@ -91,6 +93,9 @@ class Monitor:
         # goes to it, and a rank's question is answered from it
         self.on_save: Callable[[int, float], None] = lambda rank, seconds: None
         self.advice: Callable[[], dict[str, object]] = lambda: {"seconds": None}
+        # the snapshots the daemon holds (runtime.services.held_snapshots): a rank's request is
+        # answered from it, given the node's ranks now; it raises Dropped for what it ignores
+        self.snapshots: Callable[[SnapshotMessage, Collection[int]], dict[str, Any] | None] = no_snapshots
 
     # -- generations ----------------------------------------------------------------
 
@@ -209,7 +214,8 @@ class Monitor:
                 self._hello(m, watch)
             case schema.LoadTimeouts(timeouts=raw):
                 self._load_timeouts(m.rank, raw)
-            case schema.Calculate() | schema.AdviceQuery():
+            case (schema.Calculate() | schema.AdviceQuery() | schema.SnapshotBegin() | schema.SnapshotDone()
+                  | schema.SnapshotRestore()):  # fmt: skip
                 self._answer(m)
             case schema.WorkloadRequest():
                 self.requests.append(m)
@@ -306,12 +312,23 @@ class Monitor:
         request = schema.encode("save", id=request_id, reason=reason, deadline=deadline)
         return self.inbox.send(identity, request)
 
-    def _answer(self, m: schema.Calculate | schema.AdviceQuery) -> None:
+    def _answer(self, m: schema.Calculate | schema.AdviceQuery | SnapshotMessage) -> None:
         """A question the workload waits on: the answer comes back on its own socket."""
-        if isinstance(m, schema.AdviceQuery):
+        if isinstance(m, schema.SnapshotBegin | schema.SnapshotDone | schema.SnapshotRestore):
+            self._snapshot(m)
+        elif isinstance(m, schema.AdviceQuery):
             self.inbox.ack(m.id, **self.advice())
         else:
             self._calculate(m)
+
+    def _snapshot(self, m: SnapshotMessage) -> None:
+        try:
+            answer = self.snapshots(m, self._ranks)
+        except Dropped as dropped:
+            self.inbox.drop(dropped)
+            return
+        if answer is not None and not isinstance(m, schema.SnapshotDone):
+            self.inbox.ack(m.id, **answer)
 
     def _calculate(self, m: schema.Calculate) -> None:
         """The workload's own calculation (nvidia-resiliency-ext's calculate_and_set_*):

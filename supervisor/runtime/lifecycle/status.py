@@ -108,7 +108,7 @@ def build(
 
 def daemon(
     out: dict[str, Any], *, publisher: Publisher, loop_watch: LoopWatch, launcher: Launcher,
-    advice: dict[str, object], slow_lookups: list[dict[str, Any]],
+    advice: dict[str, object], slow_lookups: list[dict[str, Any]], snapshots: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The ranks' status (``build``), and the daemon's own."""
     refused = {f"events_{k}": v for k, v in publisher.refused.items()}
@@ -120,6 +120,7 @@ def daemon(
     out["standby"] = launcher.standby
     out["fork_server"] = launcher.fork_server
     out["checkpoint_interval"] = advice
+    out["snapshots"] = snapshots  # held in memory: per rank the newest step, its age and size
     out["reverse_dns_slow"] = slow_lookups  # reverse DNS that would stall torch's stores
     return out
 

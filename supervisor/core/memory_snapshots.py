@@ -1,0 +1,88 @@
+"""Training state held in memory for the ranks: which step a restore may use, and each
+rank's two slots.
+
+A rank writes its snapshot into one of two slots (0, 1), alternately, so that a copy
+cut off by its death never damages the newest complete one. A slot is complete only
+once the rank said so (``done``) after the daemon had marked it as being written
+(``begin``) in the same generation: a begin of a rank that died before its done leaves
+the slot incomplete for good (until it is begun again).
+
+A restore uses the newest step that every rank holds complete (``common_step``): ranks
+never mix steps. The function takes one set of steps per rank, whichever daemon holds
+them, so that a job-wide agreement (other nodes' sets, through the store) is the same
+call with more entries.
+
+Pure: no clock, no files; the daemon's service (``runtime.services.held_snapshots``)
+owns the files and the time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+SLOTS = (0, 1)
+
+
+def common_step(held: Mapping[int, Collection[int]]) -> int | None:
+    """The newest step every rank of ``held`` (rank -> its complete steps) holds; None
+    when there is no rank, a rank holds nothing, or no step is held by all."""
+    common: set[int] | None = None
+    for steps in held.values():
+        common = set(steps) if common is None else common.intersection(steps)
+        if not common:
+            return None
+    return max(common) if common else None
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    """A complete slot: the step it holds, its length and the checksum of that length."""
+
+    step: int
+    nbytes: int
+    checksum: str
+    at: float  # when (the daemon's monotonic clock) the rank said it was done
+
+
+@dataclass(slots=True)
+class RankSlots:
+    """One rank's two slots: those complete, and those being written (by generation)."""
+
+    complete: dict[int, Complete] = field(default_factory=dict)
+    writing: dict[int, tuple[int, float]] = field(default_factory=dict)  # slot -> (generation, since)
+
+    def begin(self, slot: int, generation: int, now: float) -> None:
+        """The rank is about to overwrite ``slot``: whatever it held is no longer complete."""
+        self.complete.pop(slot, None)
+        self.writing[slot] = (generation, now)
+
+    def done(
+        self, slot: int, generation: int, step: int, nbytes: int, checksum: str, *, size: int, now: float
+    ) -> float | None:
+        """Record ``slot`` complete when it was begun in this generation and ``nbytes`` fits
+        the slot's ``size``; the seconds since its begin, or None when it is not recorded."""
+        begun = self.writing.get(slot)
+        if begun is None or begun[0] != generation or not 0 < nbytes <= size:
+            return None
+        del self.writing[slot]
+        self.complete[slot] = Complete(step, nbytes, checksum, now)
+        return now - begun[1]
+
+    def steps(self) -> set[int]:
+        return {c.step for c in self.complete.values()}
+
+    def holding(self, step: int) -> tuple[int, Complete] | None:
+        """The slot that holds ``step`` complete, and what it holds."""
+        for slot in sorted(self.complete):
+            if self.complete[slot].step == step:
+                return slot, self.complete[slot]
+        return None
+
+    def newest(self) -> Complete | None:
+        return max(self.complete.values(), key=lambda c: c.step, default=None)
+
+
+def held_steps(table: Mapping[int, RankSlots], ranks: Collection[int]) -> dict[int, set[int]]:
+    """``common_step``'s input for ``ranks`` (a rank the table lacks holds nothing)."""
+    return {rank: table[rank].steps() if rank in table else set() for rank in ranks}
