@@ -1,0 +1,55 @@
+"""``client.snapshot`` / ``client.restore`` through a real daemon: two lock-stepped ranks
+snapshot every step; rank 1 dies right after a snapshot; the restarted ranks restore the
+newest step both hold complete, bit for bit, and go on from the next. The daemon's side
+on virtual time (begin/done bookkeeping, the budget, malformed requests) is in
+tests/fast/test_held_snapshots.py; the slot format in tests/unit/test_snapshot_slots.py."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import RANKS, Daemon
+
+SNAPSHOTTING = str(RANKS / "snapshotting.py")
+Start = Callable[..., Daemon]
+
+
+def _restored(out: Path, gen: int, world: int = 2) -> list[dict[str, Any]]:
+    return [json.loads((out / f"g{gen}.r{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.parametrize("how", ["kill", "raise"])
+def test_a_failed_rank_loses_at_most_one_step(start: Start, tmp_path: Path, how: str) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    kill_at = 12
+    d = start("--nproc-per-node", "2", "--preload", "none", "--max-restarts", "1", SNAPSHOTTING,
+              "--steps", "20", "--out", str(out), "--kill-at", str(kill_at), "--how", how)  # fmt: skip
+    assert d.wait(90) == 0, d.story()
+    assert _restored(out, 0) == [{"step": None, "same": None}] * 2  # nothing held before the first step
+    after = _restored(out, 1)
+    steps = {r["step"] for r in after}
+    assert len(steps) == 1, after  # both ranks restore the same step
+    (step,) = steps
+    if how == "raise":
+        assert step == kill_at, after  # an exception's exit sends the last snapshot's done first
+    else:
+        assert step in (kill_at - 1, kill_at), after  # SIGKILL may cut off the last one's done
+    assert all(r["same"] is True for r in after), after
+    restored = d.events("snapshot_restored")
+    assert {(e["rank"], e["step"]) for e in restored} == {(0, step), (1, step)}, restored
+    assert all(e["source"] == "memory" and e["generation"] == 1 for e in restored)
+
+
+def test_torch_tensors_come_back_bit_for_bit(start: Start, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    d = start("--nproc-per-node", "2", "--max-restarts", "1", SNAPSHOTTING,
+              "--steps", "8", "--out", str(out), "--kill-at", "5", "--how", "raise", "--torch")  # fmt: skip
+    assert d.wait(120) == 0, d.story()
+    assert _restored(out, 1) == [{"step": 5, "same": True}] * 2
