@@ -41,6 +41,8 @@ def test_a_failed_rank_loses_at_most_one_step(start: Start, tmp_path: Path, how:
     else:
         assert step in (kill_at - 1, kill_at), after  # SIGKILL may cut off the last one's done
     assert all(r["same"] is True for r in after), after
+    # the restored state, kept while the next two snapshots overwrite both slots, is intact
+    assert all(r["kept"] is True for r in after), after
     restored = d.events("snapshot_restored")
     assert {(e["rank"], e["step"]) for e in restored} == {(0, step), (1, step)}, restored
     assert all(e["source"] == "memory" and e["generation"] == 1 for e in restored)
@@ -52,4 +54,16 @@ def test_torch_tensors_come_back_bit_for_bit(start: Start, tmp_path: Path) -> No
     d = start("--nproc-per-node", "2", "--max-restarts", "1", SNAPSHOTTING,
               "--steps", "8", "--out", str(out), "--kill-at", "5", "--how", "raise", "--torch")  # fmt: skip
     assert d.wait(120) == 0, d.story()
-    assert _restored(out, 1) == [{"step": 5, "same": True}] * 2
+    assert _restored(out, 1) == [{"step": 5, "same": True, "kept": True}] * 2
+
+
+def test_a_snapshot_over_the_budget_is_refused_and_training_goes_on(start: Start, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    d = start("--nproc-per-node", "2", "--preload", "none", "--snapshot-memory", "16K", SNAPSHOTTING,
+              "--steps", "10", "--out", str(out), "--refusals")  # fmt: skip
+    assert d.wait(60) == 0, d.story()
+    assert [r["refused"] for r in _restored(out, 0)] == [10, 10]  # every step refused, none failed
+    # one line per rank on its stderr, not one per step
+    lines = [line for line in d.stderr().splitlines() if "refused by the daemon" in line]
+    assert len(lines) == 2, lines
