@@ -12,8 +12,9 @@ Method: one rank (``_snapshot_rank.py``) holds a model's and an optimizer's stat
 calibrated at start; the state's first tensor and the loader's position updated each
 step). Rounds of ``--steps`` steps alternate without and with ``client.snapshot(state,
 step)`` after each step, ``--rounds`` of each. Figures: the call's time on the training
-thread (median, p99: the first snapshot into each slot also faults its pages in), the
-median step with and without, the slowdown; then ``client.restore()`` of
+thread (median and p99 from the third on; the first into each slot also faults the
+slot's pages in: its own column), the median step with and without (the call included),
+the difference and the slowdown; then ``client.restore()`` of
 ``--restore-mb`` MB (the round trip, the checksum verified, the state mapped).
 
 ``--layer daemon`` (the default) runs the rank under ``ft-supervisor run`` (the daemon
@@ -69,14 +70,15 @@ def run_rank(args: argparse.Namespace, out: Path) -> dict[str, Any] | None:
 
 def table(r: dict[str, Any], step_ms: float) -> str:
     rows = [f"Through: {r['through']}; a {step_ms:g} ms step; times in ms.", "",
-            "| state | snapshots | snapshot() median | p99 | step without | step with | slowdown |",
-            "|---|---|---|---|---|---|---|"]  # fmt: skip
+            "| state | snapshots | snapshot() median | p99 | first into a slot | step without | step with"
+            " | added per step | slowdown |",
+            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for s in r["sizes"]:
-        slow = (s["step_with"] / s["step_without"] - 1) * 100
-        ms = [fmt(s[k] * 1000, 1) for k in ("snapshot_median", "snapshot_p99", "step_without", "step_with")]
-        rows.append(
-            f"| {s['bytes'] / 2**20:.0f} MB | {s['taken']}/{s['steps']} | {' | '.join(ms)} | {slow:+.1f} % |"
-        )
+        added = s["step_with"] - s["step_without"]
+        keys = ("snapshot_median", "snapshot_p99", "snapshot_first", "step_without", "step_with")
+        ms = [fmt(s[k] * 1000, 1) for k in keys] + [fmt(added * 1000, 1)]
+        rows.append(f"| {s['bytes'] / 2**20:.0f} MB | {s['taken']}/{s['steps']} | {' | '.join(ms)}"
+                    f" | {added / s['step_without'] * 100:+.1f} % |")  # fmt: skip
     if r.get("checksum_median") is not None:
         checksum = r["checksum_median"] * 1000
         rows.append(f"\nBackground checksum (xxh3_64) of the last state, median: {checksum:.1f} ms")
