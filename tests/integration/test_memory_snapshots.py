@@ -67,3 +67,17 @@ def test_a_snapshot_over_the_budget_is_refused_and_training_goes_on(start: Start
     # one line per rank on its stderr, not one per step
     lines = [line for line in d.stderr().splitlines() if "refused by the daemon" in line]
     assert len(lines) == 2, lines
+
+
+def test_a_damaged_slot_is_not_restored(start: Start, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    d = start("--nproc-per-node", "2", "--preload", "none", "--max-restarts", "1", SNAPSHOTTING,
+              "--steps", "10", "--out", str(out), "--kill-at", "5", "--how", "raise",
+              "--corrupt")  # fmt: skip
+    assert d.wait(60) == 0, d.story()
+    rank0, rank1 = _restored(out, 1)
+    assert rank0["step"] == 5 and rank0["same"] is True
+    assert rank1 == {"step": None, "same": None}  # checked before use: nothing rather than a damaged state
+    lines = [line for line in d.stderr().splitlines() if "restore of step 5 refused" in line]
+    assert len(lines) == 1 and "checksum" in lines[0], d.story()
