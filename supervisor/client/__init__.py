@@ -7,6 +7,7 @@
         with client.section("step"):     # a monitored section, with a timeout
             train_step()
         client.heartbeat()               # or heartbeats, or both
+        client.snapshot(state, step)     # the state held in the daemon's memory (restore())
 
 Every call is fire and forget (about a microsecond): a missing, slow or
 restarting daemon never blocks or crashes training. Without a daemon (the
@@ -31,6 +32,7 @@ from supervisor.client.connection import current as _get
 from supervisor.client.connection import held as _held
 from supervisor.client.connection import init, is_active, shutdown
 from supervisor.client.saver import SaveCallback, Saver, SaveRequest
+from supervisor.client.snapshots import restore, snapshot
 from supervisor.client.timing import ddp_hook
 from supervisor.core.learning import Learned
 from supervisor.transport.messages import RequestAction
@@ -53,8 +55,10 @@ __all__ = [
     "report_checkpoint",
     "report_iteration",
     "request",
+    "restore",
     "section",
     "shutdown",
+    "snapshot",
     "start_section",
     "state_dict",
     "waiting",

@@ -1,0 +1,207 @@
+"""The measuring loop of scripts/bench/snapshots.py: a 200 ms step (matrix products, the
+first tensor of the state updated), with and without a snapshot of the state after each
+step, interleaved in rounds; then the restore of the largest state.
+
+Under a daemon (``ft-supervisor run``) it calls ``client.snapshot`` / ``client.restore``;
+run by hand, the slot layer (``supervisor.client.snapshot_slots``) in this process: the
+same flattening, copy into a mapped slot file in /dev/shm and background checksum, minus
+the round trip to a daemon and its records. ``--json PATH`` writes what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from supervisor import client
+from supervisor.client import snapshot_slots as slotfile
+
+MB = 1 << 20
+RESTORE_STEP = 10**9
+
+
+def make_state(nbytes: int) -> dict[str, Any]:
+    """A model's and an optimizer's state of about ``nbytes`` (float32; a tenth in bfloat16)."""
+    n = nbytes // 4 // 10  # float32 elements per block: model, exp_avg, exp_avg_sq, 10 blocks
+    blocks = 10
+    per = n // 3
+    model = {f"layer{i}.weight": torch.randn(per // 1024, 1024) for i in range(blocks)}
+    optim = {i: {"step": torch.tensor(1.0), "exp_avg": torch.zeros(per // 1024, 1024),
+                 "exp_avg_sq": torch.zeros(per // 1024, 1024)} for i in range(blocks)}  # fmt: skip
+    return {
+        "model": model,
+        "optim": {
+            "state": optim,
+            "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "params": list(range(blocks))}],
+        },
+        "loader": {"epoch": 0, "position": 0},
+        "rng": torch.get_rng_state(),
+    }
+
+
+def state_bytes(state: dict[str, Any]) -> int:
+    return slotfile.plan(state).total
+
+
+class SlotLayer:
+    """What ``client.snapshot`` does after the daemon's answer, on slot files of our own."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.writers: list[slotfile.Writer | None] = [None, None]
+        self.idle = [threading.Event(), threading.Event()]
+        for e in self.idle:
+            e.set()
+        self.next = 0
+        self.checksums: list[float] = []
+
+    def snapshot(self, state: dict[str, Any], step: int) -> bool:
+        p = slotfile.plan(state)
+        number = self.next
+        self.idle[number].wait(60)
+        writer = self.writers[number]
+        if writer is None or len(writer.mapping) < p.total:
+            path = self.directory / f"rank0.{number}"
+            with path.open("ab") as f:  # the daemon's part: the file grown to the size asked
+                f.truncate(max(p.total, f.tell()))
+            if writer is not None:
+                writer.close()
+            writer = self.writers[number] = slotfile.Writer(slotfile.map_for_writing(str(path), p.total))
+        writer.write(p, step)
+        self.idle[number].clear()
+        threading.Thread(target=self._finish, args=(number, writer, p.total), daemon=True).start()
+        self.next = 1 - number
+        return True
+
+    def _finish(self, number: int, writer: slotfile.Writer, nbytes: int) -> None:
+        began = time.perf_counter()
+        slotfile.checksum(writer.mapping, nbytes)
+        self.checksums.append(time.perf_counter() - began)
+        self.idle[number].set()
+
+    def restore_time(self, state: dict[str, Any]) -> dict[str, float]:
+        for e in self.idle:
+            e.wait(60)
+        path = self.directory / "restore.0"
+        p = slotfile.plan(state)
+        path.write_bytes(b"")
+        os.truncate(path, p.total)
+        w = slotfile.Writer(slotfile.map_for_writing(str(path), p.total))
+        w.write(p, 1)
+        digest = slotfile.checksum(w.mapping, p.total)
+        w.close()
+        began = time.perf_counter()
+        _, back, _ = slotfile.read_slot(str(path), p.total, digest, 1)
+        seconds = time.perf_counter() - began
+        assert torch.equal(back["model"]["layer0.weight"], state["model"]["layer0.weight"])
+        return {"seconds": seconds, "bytes": p.total}
+
+    def close(self) -> None:
+        for w in self.writers:
+            if w is not None:
+                w.close()
+
+
+def calibrate(step_s: float) -> tuple[torch.Tensor, int]:
+    """Matrix products for a step of ``step_s``: the fastest of 5 trials (a busy machine's
+    slow trial would make every step short)."""
+    a = torch.randn(512, 512)
+    trials = []
+    for _ in range(5):
+        began = time.perf_counter()
+        for _ in range(10):
+            a @ a
+        trials.append((time.perf_counter() - began) / 10)
+    return a, max(1, round(step_s / min(trials)))
+
+
+def step(a: torch.Tensor, reps: int, state: dict[str, Any]) -> None:
+    for _ in range(reps):
+        a @ a
+    state["model"]["layer0.weight"].add_(1e-3)
+    state["loader"]["position"] += 1
+
+
+def measure(size: int, rounds: int, steps: int, step_s: float, snap: Any) -> dict[str, Any]:
+    state = make_state(size)
+    a, reps = calibrate(step_s)
+    plain: list[float] = []
+    with_snap: list[float] = []
+    costs: list[float] = []
+    taken = 0
+    n = 0
+    for r in range(rounds * 2):
+        snapshotting = r % 2 == 1  # interleaved: without, with, without, ...
+        for _ in range(steps):
+            began = time.perf_counter()
+            step(a, reps, state)
+            n += 1
+            if snapshotting:
+                t = time.perf_counter()
+                taken += bool(snap(state, n))
+                costs.append(time.perf_counter() - t)
+            (with_snap if snapshotting else plain).append(time.perf_counter() - began)
+    first, steady = costs[:2], sorted(costs[2:])  # the first into each slot faults its pages in
+    return {
+        "bytes": state_bytes(state),
+        "steps": len(costs),
+        "taken": taken,
+        "reps": reps,
+        "snapshot_first": max(first),
+        "snapshot_median": statistics.median(steady),
+        "snapshot_p99": steady[min(len(steady) - 1, round(0.99 * (len(steady) - 1)))],
+        "step_without": statistics.median(plain),
+        "step_with": statistics.median(with_snap),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="100,1024", help="state sizes in MB")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--step-ms", type=float, default=200.0)
+    ap.add_argument("--restore-mb", type=int, default=1024)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    daemon = client.is_active()
+    directory = Path(tempfile.mkdtemp(prefix="ft-snapshot-bench-", dir="/dev/shm"))
+    layer = SlotLayer(directory)
+    results: dict[str, Any] = {"through": "daemon" if daemon else "slot layer", "sizes": []}
+    try:
+        snap = client.snapshot if daemon else layer.snapshot
+        for mb in (int(s) for s in args.sizes.split(",")):
+            results["sizes"].append(measure(mb * MB, args.rounds, args.steps, args.step_ms / 1000, snap))
+        if args.restore_mb:
+            state = make_state(args.restore_mb * MB)
+            if daemon:
+                client.snapshot(state, RESTORE_STEP)  # newer than every step measured
+                began = time.perf_counter()
+                held = client.restore()
+                results["restore"] = {"seconds": time.perf_counter() - began, "bytes": state_bytes(state),
+                                      "step": None if held is None else held[0]}  # fmt: skip
+            else:
+                results["restore"] = layer.restore_time(state)
+        results["checksum_median"] = statistics.median(layer.checksums) if layer.checksums else None
+    finally:
+        layer.close()
+        shutil.rmtree(directory, ignore_errors=True)
+    text = json.dumps(results, indent=1)
+    if args.json:
+        args.json.write_text(text)
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""A rank's training state held in memory by its node's daemon: ``snapshot`` every step,
+``restore`` after a restart.
+
+    state = {"model": model.state_dict(), "optim": optim.state_dict(), "step": step}
+    client.snapshot(state, step)         # every step: returns once the state is copied
+    ...
+    held = client.restore()              # at start: None, or (step, state)
+    if held is not None:
+        step, state = held
+        model.load_state_dict(state["model"])
+
+The daemon owns two slot files per rank in shared memory (``/dev/shm``); the rank writes
+them in turn (0, 1, 0, ...), so the slot it overwrites is never the one holding its newest
+complete step. A slot is complete once the daemon recorded its step, size and checksum,
+which the rank reports from a background thread after the copy. A rank's death, a hang's
+kill and a restart lose nothing the daemon recorded; a copy cut off by a crash leaves the
+other slot as it was. The slot file's format is ``supervisor.client.snapshot_slots``'s.
+"""
+
+from __future__ import annotations
+
+import atexit
+import operator
+import os
+import queue
+import re
+import sys
+import threading
+import uuid
+import weakref
+from collections.abc import Mapping
+from mmap import mmap
+from pathlib import Path
+from typing import Any
+
+from supervisor.client import snapshot_slots as slotfile
+from supervisor.client.connection import Client
+from supervisor.client.connection import current as _get
+from supervisor.client.connection import held as _held
+from supervisor.client.snapshot_slots import SlotError, Writer
+
+BEGIN_TIMEOUT = 1.0  # the daemon answers a begin in well under a millisecond when idle
+RESTORE_TIMEOUT = 5.0
+BACKGROUND_TIMEOUT = 60.0  # the previous snapshot's checksum, before its slot is overwritten
+EXIT_FLUSH_TIMEOUT = 2.0  # at exit: the last snapshot's checksum and done message
+SLOT_NAME = re.compile(r"rank(\d+)\.([01])")
+
+
+def snapshot(state: Mapping[str, Any], step: int, *, timeout: float = BEGIN_TIMEOUT) -> bool:
+    """Hand ``state`` at ``step`` to the daemon, to be held in memory until the next.
+
+    ``state``: a mapping of tensors (dense), numpy arrays, numbers, strings, bytes, None
+    and nested mappings, lists and tuples of those: a model's and an optimizer's
+    ``state_dict()``, the data loader's position, the RNG states. A state without
+    tensors needs no torch.
+
+    **What blocks the training thread**: walking ``state`` (flattening it into a skeleton
+    and a list of tensors), one round trip to the daemon (``snapshot_begin``: the daemon
+    marks the slot incomplete and sizes its file; ``timeout`` s at most), waiting for the
+    previous snapshot's checksum of the slot about to be overwritten (two snapshots ago:
+    normally long done), and the copy of every tensor into the mapped slot (a memcpy for
+    host tensors; device tensors are copied to the host here, synchronously). When it
+    returns, ``state`` may change: the slot holds a copy. The checksum of the slot and the
+    ``snapshot_done`` message that makes it complete run in a background thread.
+
+    True when the state was copied into a slot; False when no daemon supervises this
+    rank, none answered within ``timeout`` seconds, or the daemon refused it (its
+    ``--snapshot-memory`` budget is full: one line on stderr per reason, training goes on).
+    A value that cannot be held raises TypeError naming it. Call it every step.
+    """
+    if isinstance(step, bool) or operator.index(step) < 0:
+        raise ValueError(f"step must be an int >= 0, not {step!r}")
+    step = operator.index(step)
+    c = _held.client or _get()
+    if c is None:
+        return False
+    return _for(c).take(state, step, timeout)
+
+
+def restore(*, timeout: float = RESTORE_TIMEOUT) -> tuple[int, dict[str, Any]] | None:
+    """``(step, state)``: the newest step that every rank of the node holds complete, as
+    this rank snapshotted it; None when there is none, no daemon supervises this rank or
+    none answered within ``timeout`` seconds.
+
+    The slot is checked against the size and checksum the daemon recorded before any of
+    it is used: a mismatch returns None with one line on stderr saying why, never a torn
+    or mixed state. Tensors come back on the CPU as views of a copy-on-write mapping of
+    the slot (no second copy; modifying them leaves the slot as it was); containers come
+    back as dicts, lists and tuples.
+    """
+    c = _held.client or _get()
+    if c is None:
+        return None
+    return _for(c).restore(timeout)
+
+
+class _Slot:
+    def __init__(self) -> None:
+        self.path: str | None = None
+        self.writer: Writer | None = None
+        self.idle = threading.Event()  # no background work on this slot
+        self.idle.set()
+        self.restored: weakref.ref[mmap] | None = None  # a restore's mapping of this slot
+
+
+class _Snapshots:
+    """One process's snapshots: its two slots, the next to write, the background thread."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.pid = os.getpid()
+        self.slots = (_Slot(), _Slot())
+        self.next = 0
+        self.jobs: queue.SimpleQueue[tuple[int, int, int]] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.said: str | None = None  # the last line said on stderr: said once, not per step
+
+    def take(self, state: Mapping[str, Any], step: int, timeout: float) -> bool:
+        p = slotfile.plan(state)
+        number = self.next
+        slot = self.slots[number]
+        if not slot.idle.wait(BACKGROUND_TIMEOUT):
+            self.say(
+                f"snapshot of step {step} skipped: the checksum of slot {number} is still running",
+                key="checksum late",
+            )
+            return False
+        self._detach_restored(slot)
+        request_id = uuid.uuid4().hex[:16]
+        self.client.send("snapshot_begin", id=request_id, slot=number, bytes=p.total)
+        reply = self.client.channel.await_reply(request_id, timeout)
+        if reply is None:
+            self.say(
+                f"snapshots skipped from step {step}: the daemon did not answer within {timeout:g} s",
+                key="no answer",
+            )
+            return False
+        path = reply.get("path")
+        if reply.get("ok") is not True or not isinstance(path, str):
+            why = str(reply.get("why") or "no reason given")[:500]
+            self.say(f"snapshot of {p.total} bytes refused by the daemon: {why}; training goes on", key=why)
+            return False
+        try:
+            writer = self._writer(slot, path, p.total)
+            writer.write(p, step)
+        except (OSError, SlotError) as e:
+            self.say(f"snapshot of step {step} not written to {path}: {e}", key=str(e))
+            return False
+        self.said = None
+        slot.idle.clear()
+        self._start()
+        self.jobs.put((number, step, p.total))
+        self.next = 1 - number
+        return True
+
+    def _writer(self, slot: _Slot, path: str, nbytes: int) -> Writer:
+        if slot.writer is not None and slot.path == path and len(slot.writer.mapping) >= nbytes:
+            return slot.writer  # the same file, still large enough: its pages are already there
+        if slot.writer is not None:
+            slot.writer.close()
+            slot.writer = None
+        slot.writer, slot.path = Writer(slotfile.map_for_writing(path, nbytes)), path
+        return slot.writer
+
+    def _detach_restored(self, slot: _Slot) -> None:
+        # tensors a restore returned still map this slot: their pages must stop showing
+        # the file before it is overwritten (once, after a restore, for what is still held)
+        mapping = slot.restored() if slot.restored is not None else None
+        slot.restored = None
+        if mapping is not None:
+            slotfile.make_private(mapping)
+
+    def _start(self) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._work, name="ft-snapshot-checksum", daemon=True)
+            self.thread.start()
+            atexit.register(self.wait_idle, EXIT_FLUSH_TIMEOUT)
+
+    def _work(self) -> None:
+        while True:
+            number, step, nbytes = self.jobs.get()
+            slot = self.slots[number]
+            try:
+                assert slot.writer is not None
+                digest = slotfile.checksum(slot.writer.mapping, nbytes)
+                self.client.send("snapshot_done", slot=number, step=step, bytes=nbytes, checksum=digest)
+            except Exception as e:  # say it; the slot stays incomplete
+                self.say(f"snapshot of step {step} not completed: {type(e).__name__}: {e}")
+            finally:
+                slot.idle.set()
+
+    def wait_idle(self, timeout: float) -> bool:
+        return all(slot.idle.wait(timeout) for slot in self.slots)
+
+    def restore(self, timeout: float) -> tuple[int, dict[str, Any]] | None:
+        self.wait_idle(BACKGROUND_TIMEOUT)
+        request_id = uuid.uuid4().hex[:16]
+        self.client.send("snapshot_restore", id=request_id)
+        reply = self.client.channel.await_reply(request_id, timeout)
+        if reply is None:
+            self.say(f"restore: the daemon did not answer within {timeout:g} s; nothing restored")
+            return None
+        step, path, nbytes, digest = (reply.get(k) for k in ("step", "path", "bytes", "checksum"))
+        if step is None:
+            return None
+        name = SLOT_NAME.fullmatch(Path(path).name) if isinstance(path, str) else None
+        if (name is None or int(name.group(1)) != self.client.rank or not isinstance(step, int)
+                or not isinstance(nbytes, int) or not isinstance(digest, str)):  # fmt: skip
+            self.say(f"restore: an answer this rank cannot use ({reply}); nothing restored")
+            return None
+        number = int(name.group(2))
+        assert isinstance(path, str)
+        try:
+            held_step, state, mapping = slotfile.read_slot(path, nbytes, digest, step)
+        except SlotError as e:
+            self.say(f"restore of step {step} refused: {e}; nothing restored")
+            self.next = number  # the damaged slot is the one to overwrite first
+            return None
+        self.slots[number].restored = weakref.ref(mapping)
+        self.next = 1 - number
+        return held_step, state
+
+    def say(self, line: str, *, key: str | None = None) -> None:
+        """One line on stderr, unless the last one said the same (``key``, else the line)."""
+        key = line if key is None else key
+        if key != self.said:
+            self.said = key
+            sys.stderr.write(f"supervisor.client: {line}\n")
+            sys.stderr.flush()
+
+
+class _Current:
+    snapshots: _Snapshots | None = None
+    lock = threading.Lock()
+
+
+def _for(client: Client) -> _Snapshots:
+    """This process's snapshots for ``client`` (new after a fork or a new connection)."""
+    with _Current.lock:
+        s = _Current.snapshots
+        if s is None or s.client is not client or s.pid != os.getpid():
+            s = _Current.snapshots = _Snapshots(client)
+        return s

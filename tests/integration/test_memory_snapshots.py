@@ -1,0 +1,83 @@
+"""``client.snapshot`` / ``client.restore`` through a real daemon: two lock-stepped ranks
+snapshot every step; rank 1 dies right after a snapshot; the restarted ranks restore the
+newest step both hold complete, bit for bit, and go on from the next. The daemon's side
+on virtual time (begin/done bookkeeping, the budget, malformed requests) is in
+tests/fast/test_held_snapshots.py; the slot format in tests/unit/test_snapshot_slots.py."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import RANKS, Daemon
+
+SNAPSHOTTING = str(RANKS / "snapshotting.py")
+Start = Callable[..., Daemon]
+
+
+def _restored(out: Path, gen: int, world: int = 2) -> list[dict[str, Any]]:
+    return [json.loads((out / f"g{gen}.r{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.parametrize("how", ["kill", "raise"])
+def test_a_failed_rank_loses_at_most_one_step(start: Start, tmp_path: Path, how: str) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    kill_at = 12
+    d = start("--nproc-per-node", "2", "--preload", "none", "--max-restarts", "1", SNAPSHOTTING,
+              "--steps", "20", "--out", str(out), "--kill-at", str(kill_at), "--how", how)  # fmt: skip
+    assert d.wait(90) == 0, d.story()
+    assert _restored(out, 0) == [{"step": None, "same": None}] * 2  # nothing held before the first step
+    after = _restored(out, 1)
+    steps = {r["step"] for r in after}
+    assert len(steps) == 1, after  # both ranks restore the same step
+    (step,) = steps
+    if how == "raise":
+        assert step == kill_at, after  # an exception's exit sends the last snapshot's done first
+    else:
+        assert step in (kill_at - 1, kill_at), after  # SIGKILL may cut off the last one's done
+    assert all(r["same"] is True for r in after), after
+    # the restored state, kept while the next two snapshots overwrite both slots, is intact
+    assert all(r["kept"] is True for r in after), after
+    restored = d.events("snapshot_restored")
+    assert {(e["rank"], e["step"]) for e in restored} == {(0, step), (1, step)}, restored
+    assert all(e["source"] == "memory" and e["generation"] == 1 for e in restored)
+
+
+def test_torch_tensors_come_back_bit_for_bit(start: Start, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    d = start("--nproc-per-node", "2", "--max-restarts", "1", SNAPSHOTTING,
+              "--steps", "8", "--out", str(out), "--kill-at", "5", "--how", "raise", "--torch")  # fmt: skip
+    assert d.wait(120) == 0, d.story()
+    assert _restored(out, 1) == [{"step": 5, "same": True, "kept": True}] * 2
+
+
+def test_a_snapshot_over_the_budget_is_refused_and_training_goes_on(start: Start, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    d = start("--nproc-per-node", "2", "--preload", "none", "--snapshot-memory", "16K", SNAPSHOTTING,
+              "--steps", "10", "--out", str(out), "--refusals")  # fmt: skip
+    assert d.wait(60) == 0, d.story()
+    assert [r["refused"] for r in _restored(out, 0)] == [10, 10]  # every step refused, none failed
+    # one line per rank on its stderr, not one per step
+    lines = [line for line in d.stderr().splitlines() if "refused by the daemon" in line]
+    assert len(lines) == 2, lines
+
+
+def test_a_damaged_slot_is_not_restored(start: Start, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    d = start("--nproc-per-node", "2", "--preload", "none", "--max-restarts", "1", SNAPSHOTTING,
+              "--steps", "10", "--out", str(out), "--kill-at", "5", "--how", "raise",
+              "--corrupt")  # fmt: skip
+    assert d.wait(60) == 0, d.story()
+    rank0, rank1 = _restored(out, 1)
+    assert rank0["step"] == 5 and rank0["same"] is True
+    assert rank1 == {"step": None, "same": None}  # checked before use: nothing rather than a damaged state
+    lines = [line for line in d.stderr().splitlines() if "restore of step 5 refused" in line]
+    assert len(lines) == 1 and "checksum" in lines[0], d.story()
