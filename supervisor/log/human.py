@@ -196,7 +196,17 @@ def _hang_bundle(f: Fields) -> str:
     return text + (f"; behind in the flight recorder: ranks {plain(behind)}" if behind else "")
 
 
+def _mb(value: object) -> str:
+    return f"{value / 2**20:.1f} MiB" if isinstance(value, int | float) else "-"
+
+
 SENTENCES: dict[str, Callable[[Fields], str | list[str]]] = {
+    "snapshot_taken": lambda f: f"rank {f.get('rank')}: step {f.get('step')} held in memory ({_mb(f.get('bytes'))})",
+    "snapshot_refused": lambda f: f"rank {f.get('rank')}: {_mb(f.get('bytes'))} not held ({f.get('why')}; "
+    f"--snapshot-memory {_mb(f.get('budget'))}); training goes on",
+    "snapshot_restored": lambda f: f"rank {f.get('rank')}: step {f.get('step')} from {f.get('source')} "
+    f"({_mb(f.get('bytes'))})",
+    "snapshots_released": lambda f: f"{_s(f.get('files'), 'file')}, {_mb(f.get('bytes'))}",
     "run_started": _run_started,
     "plugins_loaded": _plugins_loaded,
     "hosting": _hosting,
