@@ -201,7 +201,8 @@ def _mb(value: object) -> str:
 
 
 SENTENCES: dict[str, Callable[[Fields], str | list[str]]] = {
-    "snapshot_taken": lambda f: f"rank {f.get('rank')}: step {f.get('step')} held in memory ({_mb(f.get('bytes'))})",
+    "snapshot_taken": lambda f: f"rank {f.get('rank')}: step {f.get('step')} held in memory "
+    f"({_mb(f.get('bytes'))})",
     "snapshot_refused": lambda f: f"rank {f.get('rank')}: {_mb(f.get('bytes'))} not held ({f.get('why')}; "
     f"--snapshot-memory {_mb(f.get('budget'))}); training goes on",
     "snapshot_restored": lambda f: f"rank {f.get('rank')}: step {f.get('step')} from {f.get('source')} "
