@@ -33,11 +33,21 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
             config.option.dist = "worksteal"
 
 
+# after the slow tests, the tiers by their tests' usual length: real processes (seconds
+# each) before the unit tests and the fast tier (milliseconds), which fill the end evenly
+TIER_ORDER = {"integration": 0, "component": 1}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow tests first (a stable sort: otherwise in file order). Under xdist they
-    then start at once on every worker, instead of one of them starting last and the
-    run waiting for it alone while the other workers sit idle."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The slow tests first, then the longer tiers (a stable sort: otherwise in file order).
+    Under xdist they then start at once on every worker, instead of one of them starting
+    last and the run waiting for it alone while the other workers sit idle."""
+
+    def tier(item: pytest.Item) -> int:
+        parts = item.path.parts
+        return TIER_ORDER.get(parts[parts.index("tests") + 1], 2) if "tests" in parts else 2
+
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, tier(item)))
 
 
 def _cmdline(pid: int) -> str:
