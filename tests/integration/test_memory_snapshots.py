@@ -36,10 +36,9 @@ def test_a_failed_rank_loses_at_most_one_step(start: Start, tmp_path: Path, how:
     steps = {r["step"] for r in after}
     assert len(steps) == 1, after  # both ranks restore the same step
     (step,) = steps
-    if how == "raise":
-        assert step == kill_at, after  # an exception's exit sends the last snapshot's done first
-    else:
-        assert step in (kill_at - 1, kill_at), after  # SIGKILL may cut off the last one's done
+    # a SIGKILL may cut off the last snapshot's done (an exception's exit sends it first), and
+    # the peer's, stopped by SIGTERM, may be cut off either way on a loaded machine
+    assert step in (kill_at - 1, kill_at), after
     assert all(r["same"] is True for r in after), after
     # the restored state, kept while the next two snapshots overwrite both slots, is intact
     assert all(r["kept"] is True for r in after), after
@@ -54,7 +53,9 @@ def test_torch_tensors_come_back_bit_for_bit(start: Start, tmp_path: Path) -> No
     d = start("--nproc-per-node", "2", "--max-restarts", "1", SNAPSHOTTING,
               "--steps", "8", "--out", str(out), "--kill-at", "5", "--how", "raise", "--torch")  # fmt: skip
     assert d.wait(120) == 0, d.story()
-    assert _restored(out, 1) == [{"step": 5, "same": True, "kept": True}] * 2
+    # the peer's last done may be cut off by its SIGTERM (a loaded machine): at most one step back
+    after = _restored(out, 1)
+    assert after[0]["step"] in (4, 5) and after == [{"step": after[0]["step"], "same": True, "kept": True}] * 2
 
 
 def test_a_snapshot_over_the_budget_is_refused_and_training_goes_on(start: Start, tmp_path: Path) -> None:
@@ -77,7 +78,9 @@ def test_a_damaged_slot_is_not_restored(start: Start, tmp_path: Path) -> None:
               "--corrupt")  # fmt: skip
     assert d.wait(60) == 0, d.story()
     rank0, rank1 = _restored(out, 1)
-    assert rank0["step"] == 5 and rank0["same"] is True
+    # the peer's last done may be cut off by its SIGTERM (a loaded machine): at most one step back
+    assert rank0["step"] in (4, 5) and rank0["same"] is True, rank0
     assert rank1 == {"step": None, "same": None}  # checked before use: nothing rather than a damaged state
-    lines = [line for line in d.stderr().splitlines() if "restore of step 5 refused" in line]
+    said = f"restore of step {rank0['step']} refused"
+    lines = [line for line in d.stderr().splitlines() if said in line]
     assert len(lines) == 1 and "checksum" in lines[0], d.story()
