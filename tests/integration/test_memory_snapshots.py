@@ -55,7 +55,8 @@ def test_torch_tensors_come_back_bit_for_bit(start: Start, tmp_path: Path) -> No
     assert d.wait(120) == 0, d.story()
     # the peer's last done may be cut off by its SIGTERM (a loaded machine): at most one step back
     after = _restored(out, 1)
-    assert after[0]["step"] in (4, 5) and after == [{"step": after[0]["step"], "same": True, "kept": True}] * 2
+    step = after[0]["step"]
+    assert step in (4, 5) and after == [{"step": step, "same": True, "kept": True}] * 2, after
 
 
 def test_a_snapshot_over_the_budget_is_refused_and_training_goes_on(start: Start, tmp_path: Path) -> None:
