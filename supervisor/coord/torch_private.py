@@ -202,6 +202,7 @@ class _PacedHolder(dyn._RendezvousStateHolder):
         self._inner, self._window, self._cache = inner, window, cache
         self._dirty = False
         self._synced = float("-inf")
+        self._losses = 0  # writes lost in a row
 
     @property
     def state(self) -> Any:
@@ -213,6 +214,13 @@ class _PacedHolder(dyn._RendezvousStateHolder):
             return None  # as torch's holder: nothing to write, and what it read is fresh enough
         has_set = self._inner.sync()
         self._dirty, self._synced = False, self._window.clock.monotonic()
+        if has_set is False:  # another node wrote first: torch would write again at once
+            self._losses += 1
+            self._window.back_off(self._losses)
+            self._inner.sync()  # and on what it read then, stale by now: read it again
+            self._synced = self._window.clock.monotonic()
+        elif has_set:
+            self._losses = 0
         return has_set
 
     def mark_dirty(self) -> None:

@@ -148,7 +148,8 @@ def test_a_restart_round_looks_at_the_state_often_and_uncached_then_at_torchs_pa
         r.leave()
     ja, jb = join_both(a, b, 1)
     assert ja.round == jb.round and ja.members == jb.members
-    assert PAUSED and set(PAUSED) == {pace.FAST_POLL}  # every look in the rounds came quickly
+    # every look in the rounds came quickly; a write that lost the race backed off for less
+    assert pace.FAST_POLL in PAUSED and all(p <= pace.FAST_POLL for p in PAUSED), PAUSED
     holder = a._handler._state_holder
     assert holder._cache == 1.0 and not holder._window.quick()  # torch's cache is back between rounds
     assert holder._inner._cache_duration == 0  # torch's holder, made uncached: ours caches
@@ -351,3 +352,63 @@ def test_each_node_keeps_alive_at_its_own_phase_not_all_at_once(
     assert all(time.time() - snap.heartbeats[who] < 2.5 for who in snap.participants)  # nobody stale
     for node in nodes:
         node.close()
+
+
+def test_a_node_whose_write_lost_the_race_backs_off_and_writes_on_what_it_reads_then(endpoint: str) -> None:
+    # torch writes again at once on the state its lost write brought back: at 1,024 nodes
+    # joining, hundreds of writers of a 270 KB state, each win making the others lose
+    # (scale.py). Ours waits a random time, doubling its bound with each loss in a row,
+    # then reads what the others wrote meanwhile and writes on that.
+    from datetime import timedelta  # noqa: PLC0415
+
+    from torch.distributed import TCPStore  # noqa: PLC0415
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn  # noqa: PLC0415
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (  # noqa: PLC0415
+        C10dRendezvousBackend,
+    )
+
+    from supervisor.coord import pace, torch_private  # noqa: PLC0415
+
+    host, port = endpoint.split(":")
+    settings = dyn.RendezvousSettings(
+        "r6", 2, 2, dyn.RendezvousTimeout(), timedelta(seconds=5), keep_alive_max_attempt=3
+    )
+
+    def holder() -> Any:
+        store = TCPStore(host, int(port), is_master=False, use_libuv=True)
+        backend = C10dRendezvousBackend(store, "r6")
+        return dyn._BackendRendezvousStateHolder(backend, settings, cache_duration=0)
+
+    other = holder()
+
+    def write(round_: int) -> None:  # another node's write
+        other.sync()
+        other.state.round = round_
+        other.mark_dirty()
+        assert other.sync() is True
+
+    class Racing(Clock):  # the other node writes while ours backs off
+        def pause(self, seconds: float) -> None:
+            PAUSED.append(seconds)
+            write(7)
+
+    PAUSED.clear()
+    window = pace.Window(pace.Pace(), 2, Racing())
+    window.open()
+    ours = torch_private._PacedHolder(holder(), window, 1.0)
+    ours.sync()
+    write(5)  # between our read and our write
+    for losses in (1, 2):
+        ours.state.complete = True
+        ours.mark_dirty()
+        assert ours.sync() is False
+        assert len(PAUSED) == losses and 0 <= PAUSED[-1] <= pace.FIRST_BACKOFF * 2 ** (losses - 1)
+        assert ours.state.round == 7  # what was written while it waited, not what its write brought back
+        if losses == 1:
+            write(6)  # and again before its next write: a second loss in a row
+    ours.state.complete = True
+    ours.mark_dirty()
+    assert ours.sync() is True and len(PAUSED) == 2  # on a fresh read the write went through
+    assert ours._losses == 0
+    assert pace.Pace().backoff(0, 2, 0.99) == 0.0
+    assert pace.Pace().backoff(40, 2, 0.99) < pace.Pace().interval(2)  # never longer than a look
