@@ -174,7 +174,10 @@ def _fork_server(f: Fields) -> str:
 
 def _standby_ready(f: Fields) -> str:
     text = f"{_gen(f)}: {_s(f.get('ranks'), 'rank')} ready in {_seconds(f.get('seconds'))}"
-    return text + (f" ({f['priority']} priority)" if f.get("priority") else "")
+    text += f" ({f['priority']} priority)" if f.get("priority") else ""
+    if f.get("start") == "with_generation":
+        text += f", started with the generation ({f.get('idle_cores')} idle cores)"
+    return text
 
 
 def _open_too_long(f: Fields) -> str:

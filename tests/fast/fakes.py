@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from supervisor.core.program import Program
+from supervisor.core.standby_start import CpuRoom
 from supervisor.core.states import RankState
 from supervisor.core.topology import ENV_KEY, RankSlot
 from supervisor.process.cgroups import Containment
@@ -212,6 +213,9 @@ class _Guard:
         return None
 
 
+BUSY_CPU = CpuRoom(cpus=1, online=1, load=1.0)
+
+
 @dataclass
 class FakeRanks:
     """Every fake rank of a test, and the ``Processes`` the daemon is given."""
@@ -222,12 +226,16 @@ class FakeRanks:
     by_pid: dict[int, Rank] = field(default_factory=dict)
     spawned: list[Rank] = field(default_factory=list)
     deliver: Callable[[list[bytes]], None] = lambda frames: None  # set once the daemon exists
+    # the node's CPUs as a generation launches: one, busy, unless a test says otherwise
+    # (standbys then wait for the ranks' steps, whatever the machine running the test)
+    room: CpuRoom = BUSY_CPU
 
     def processes(self) -> Processes:
         async def guard(_: bytes) -> _Guard:
             return _Guard()
 
-        return Processes(spawn=self.spawn, signaller=FakeSignaller(self), guard=guard, adopt_orphans=False)
+        return Processes(spawn=self.spawn, signaller=FakeSignaller(self), guard=guard, adopt_orphans=False,
+                         cpu_room=lambda: self.room)  # fmt: skip
 
     async def spawn(
         self, program: Program, slot: RankSlot, env: Mapping[str, str], files: RankFiles, *, now: float,

@@ -20,6 +20,7 @@ from typing import Any
 from supervisor.cli import build_parser
 from supervisor.config.build import build_run_config
 from supervisor.coord.job import LocalJob, RendezvousJob
+from supervisor.core.standby_start import CpuRoom
 from supervisor.log import Console
 from supervisor.runtime.lifecycle.daemon import Supervisor
 from supervisor.runtime.records.rundir import RunDir
@@ -88,10 +89,11 @@ def supervise(
     operator: Operator | None = None,
     job: Callable[[], LocalJob | RendezvousJob] | None = None,
     environ: dict[str, str] | None = None,
+    room: CpuRoom | None = None,
 ) -> Run:
     loop = VirtualTimeLoop()
     scenario = _main(tmp_path, script, options, behaviour=behaviour, operator=operator, job=job,
-                     environ=environ)  # fmt: skip
+                     environ=environ, room=room)  # fmt: skip
     try:
         return loop.run_until_complete(asyncio.wait_for(scenario, DEADLINE))
     finally:
@@ -106,6 +108,7 @@ async def _main(
     tmp_path: Path, script: Script, options: tuple[str, ...], *,
     behaviour: Callable[[int, int], Behaviour] | None, operator: Operator | None,
     job: Callable[[], LocalJob | RendezvousJob] | None, environ: dict[str, str] | None,
+    room: CpuRoom | None = None,
 ) -> Run:  # fmt: skip
     argv = ["run", "--nproc-per-node", "2", "--no-cgroups", "--no-python", "--ft-bundle-timeout", "0",
             "--log-dir", str(tmp_path / "logs"), "--state-dir", str(tmp_path / "state"), *options,
@@ -119,6 +122,8 @@ async def _main(
     if not logger.handlers:
         logger.addHandler(logging.NullHandler())
     ranks = FakeRanks(script, clock, behaviour or (lambda generation, rank: Behaviour()))
+    if room is not None:
+        ranks.room = room
     daemon = Supervisor(cfg, rundir, logger, Console(), clock=clock, processes=ranks.processes(),
                         job=None if job is None else job())  # fmt: skip
     ranks.deliver = daemon.monitor.inbox.receive

@@ -1,6 +1,7 @@
 """When standbys start, driven in-process on virtual time (issue 13, item 1): once every
 rank of the running generation has stepped, or STANDBY_SETTLE seconds after the go for
-ranks that report no steps; never beside the generation's start-up. Their priority
+ranks that report no steps; beside the generation's start-up only where the node's idle
+cores cover the ranks and their standbys (issue 25, item 6). Their priority
 (SCHED_IDLE, setpriv) stays real: tests/integration/test_standby.py."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.core.standby_start import CpuRoom
 from supervisor.runtime.lifecycle import signals
 from supervisor.runtime.lifecycle.daemon import Supervisor
 from supervisor.runtime.lifecycle.launcher import STANDBY_SETTLE
@@ -72,3 +74,43 @@ def test_no_standbys_when_no_restart_is_left(tmp_path: Path) -> None:
     assert run.code == 0, run.story()
     assert {e["generation"] for e in run.named("rank_spawned")} == {0}
     assert not run.named("standby_ready")
+
+
+# The node's CPUs as generation 0 launches (core.standby_start): idle cores for a rank
+# and its standby each start them together; the rule's own cases: tests/unit/test_standby_start.py
+IDLE_TWO = CpuRoom(cpus=2, online=2, load=0.0)
+
+
+def test_with_idle_cores_standbys_start_with_the_generation_and_an_early_fault_restarts_warm(
+    tmp_path: Path,
+) -> None:
+    async def crashes_before_stepping(r: Rank) -> int | None:
+        r.hello()
+        if r.generation == 0:
+            await r.sleep(1.0)  # still starting up: no step yet
+            return 1
+        await r.train(2)
+        return 0
+
+    run = supervise(tmp_path, crashes_before_stepping, "--nproc-per-node", "1", *OPTIONS, room=IDLE_TWO)
+    assert run.code == 0, run.story()
+    go = run.named("generation_started")[0]["t_mono"]
+    (spawned,) = [e for e in run.named("rank_spawned") if e["generation"] == 1]
+    assert spawned["standby"] and spawned["t_mono"] - go < 0.5  # with generation 0, not after a step
+    ready = run.named("standby_ready")[0]
+    assert (ready["generation"], ready["start"], ready["idle_cores"]) == (1, "with_generation", 2.0)
+    started = run.named("generation_started")[1]
+    assert (started["standby_ranks"], started["standby_ready"]) == (1, 1)  # warm: the cost of a go
+
+
+def test_two_ranks_on_two_idle_cores_keep_waiting_for_their_steps(tmp_path: Path) -> None:
+    async def warms_up(r: Rank) -> int | None:
+        r.hello()
+        await r.step(0, seconds=2.0)
+        await r.train(10**6, seconds=0.01, first=1)
+        return 0
+
+    run = supervise(tmp_path, warms_up, *OPTIONS, operator=stop_once_standbys_are_up, room=IDLE_TWO)
+    go = run.named("generation_started")[0]["t_mono"]
+    assert [t - go for t in _standbys(run)] == pytest.approx([2.0, 2.0], abs=1e-3)
+    assert run.one("standby_ready")["start"] == "after_steps"

@@ -87,6 +87,8 @@ class StandbyReady(Event, name="standby_ready"):
     ranks: int
     seconds: float
     priority: str
+    start: str = "after_steps"  # with_generation where the node's idle cores allowed (core.standby_start)
+    idle_cores: float | None = None  # this process's CPUs less their share of the load, at the launch
 
 
 class StandbyFailed(Event, name="standby_failed", level=WARNING):

@@ -22,6 +22,7 @@ from supervisor.core.catalogue.generation import Containment as ContainmentEvent
 from supervisor.core.catalogue.generation import GenerationStarted, StandbyFailed, StandbyReady
 from supervisor.core.catalogue.job import NodeMoved
 from supervisor.core.catalogue.ranks import RankSpawned
+from supervisor.core.standby_start import AFTER_STEPS, CpuRoom, standby_start
 from supervisor.core.states import RankState
 from supervisor.core.topology import (
     ENV_RANKS_ENDPOINT,
@@ -44,7 +45,7 @@ from supervisor.runtime.lifecycle.ending import release
 from supervisor.runtime.lifecycle.forking import ForkServing
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
-from supervisor.runtime.lifecycle.processes import Spawn, spawn_rank
+from supervisor.runtime.lifecycle.processes import Spawn, cpu_room, spawn_rank
 from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.records.rundir import RunDir
 
@@ -74,6 +75,7 @@ class Launcher:
         force: asyncio.Event,
         adopts: bool = False,
         spawn: Spawn = spawn_rank,
+        cpu_room: Callable[[], CpuRoom] = cpu_room,
     ) -> None:
         self.cfg = cfg
         self._rundir = rundir
@@ -86,6 +88,8 @@ class Launcher:
         self._start_task = start_task
         self._signaller = signaller
         self._spawn = spawn
+        self._cpu_room = cpu_room
+        self._launched_with = CpuRoom(1, 1, 0.0)  # what the CPUs did as the last generation launched
         self._force = force
         self.topology = cfg.topology  # this node's place in the job, as of the last job generation
         self._containment: Containment | None = None  # the run's, found with the first generation
@@ -222,7 +226,9 @@ class Launcher:
     ) -> Generation | None:
         """Spawn the next generation's ranks once the current ones have started up:
         every rank has completed a step (or, for ranks that report no steps,
-        ``STANDBY_SETTLE`` seconds have passed).
+        ``STANDBY_SETTLE`` seconds have passed), or at once where the node's idle
+        cores as the generation launched cover its ranks and their standbys
+        (``core.standby_start``).
 
         A fault-free job must not pay for fault tolerance. Measured on 2 cores,
         standbys preloading beside generation 0's start-up made its first step
@@ -234,13 +240,15 @@ class Launcher:
         """
         if not self.cfg.standby or restarts_left == 0:
             return None
+        start = standby_start(self._launched_with, len(current.ranks))
         ready = asyncio.gather(*(r.ready() for r in current.ranks.values()))
         if await first(ready, current.ended.wait(), stopping.wait()) is not ready:
             return None
         if not all(ready.result()) or current.ended.is_set():
             return None
-        await first(self._monitor.stepping.wait(), self._clock.sleep(STANDBY_SETTLE),
-                    current.ended.wait(), stopping.wait())  # fmt: skip
+        if start.when == AFTER_STEPS:
+            await first(self._monitor.stepping.wait(), self._clock.sleep(STANDBY_SETTLE),
+                        current.ended.wait(), stopping.wait())  # fmt: skip
         if current.ended.is_set() or stopping.is_set():
             return None
         since = self._clock.monotonic()
@@ -251,7 +259,8 @@ class Launcher:
                                             error=f"{exc.strerror or exc}", path=exc.filename))  # fmt: skip
             return None
         self.standby = {"generation": upcoming.number, "ranks": len(upcoming.ranks), "ready": False,
-                        "priority": "idle" if IDLE_STANDBYS else "normal"}  # fmt: skip
+                        "priority": "idle" if IDLE_STANDBYS else "normal", "start": start.when,
+                        "idle_cores": start.idle_cores, "why": start.why}  # fmt: skip
         self._start_task(self._announce_ready(upcoming, since), f"standby-ready-gen{upcoming.number}")
         return upcoming
 
@@ -270,9 +279,11 @@ class Launcher:
         seconds = round(self._clock.monotonic() - since, 3)
         self.standby = {**self.standby, "ready": True, "seconds": seconds}
         self._events.emit(StandbyReady(generation=gen.number, ranks=len(ready), seconds=seconds,
-                                       priority=self.standby["priority"]))  # fmt: skip
+                                       priority=self.standby["priority"], start=self.standby["start"],
+                                       idle_cores=self.standby["idle_cores"]))  # fmt: skip
 
     async def launch(self, gen: Generation, master_addr: str, master_port: int) -> None:
+        self._launched_with = self._cpu_room()  # before its ranks load the node
         for lr, rank in list(gen.ranks.items()):
             if rank.state is RankState.FAILED:  # a standby that died while waiting
                 await self._spawn_into(gen, lr, standby=False)

@@ -9,18 +9,21 @@ instead: the loop, the monitor and every decision run as they do in production.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from supervisor.core.program import Program
+from supervisor.core.standby_start import CpuRoom
 from supervisor.core.topology import RankSlot
 from supervisor.process.cgroups import Containment
 from supervisor.process.orphans import OrphanGuard
 from supervisor.process.spawn import RankFiles, RankProcess, spawn_rank
 from supervisor.process.terminate import Signaller
 
-__all__ = ["Guard", "Processes", "Spawn", "spawn_rank"]
+__all__ = ["Guard", "Processes", "Spawn", "cpu_room", "spawn_rank"]
 
 
 class Spawn(Protocol):
@@ -42,9 +45,21 @@ async def _sentinel(run_entry: bytes) -> Guard:
     return await OrphanGuard.start(run_entry)
 
 
+def cpu_room() -> CpuRoom:
+    """This process's CPUs and the node's load: the 1-minute average, or the tasks
+    runnable now (less the one reading) where more: a start-up's load is seconds old."""
+    load = os.getloadavg()[0]
+    try:
+        runnable = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1
+    except (OSError, ValueError, IndexError):
+        runnable = 0
+    return CpuRoom(len(os.sched_getaffinity(0)), os.cpu_count() or 1, max(load, float(runnable)))
+
+
 @dataclass(frozen=True, slots=True)
 class Processes:
     spawn: Spawn = spawn_rank
     signaller: Signaller = field(default_factory=Signaller)
     guard: Callable[[bytes], Awaitable[Guard]] = _sentinel
     adopt_orphans: bool = True  # become the subreaper of the ranks' descendants, and reap orphans
+    cpu_room: Callable[[], CpuRoom] = cpu_room  # when standbys may start with their generation
