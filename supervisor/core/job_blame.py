@@ -245,6 +245,8 @@ def _absent(ranks: Mapping[int, RankState], expected: Sequence[int]) -> Found:
         if g.name == DEFAULT_GROUP and g.waiting and g.enqueued is not None
     ]
     missing = [r for r in expected if r not in dumped]
+    # of those, the ones whose stacks do not show them waiting too (a node without dumps)
+    missing = [r for r in missing if r not in ranks or ranks[r].where not in WAITS] or missing
     if not tops or not missing:
         return None
     why = "; ".join(f"rank {r}: {_place(ranks[r]) if r in ranks else 'no summary'}" for r in missing)

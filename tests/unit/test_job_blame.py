@@ -127,6 +127,13 @@ def test_a_rank_without_a_dump_that_every_other_rank_waits_for_is_absent() -> No
     found = job_blame(nodes(ev, TWO), TWO)
     assert (found.ranks, found.nodes, found.rule) == ((3,), (1,), "absent")
     assert "rank 3: stopped (stopped (SIGSTOP))" in found.detail
+    # node 1 gave stacks but no dumps: of its ranks, the one not waiting by its stacks
+    bare = [
+        *ev[:2],
+        RankEvidence(2, reading=stacks(Where.COLLECTIVE)),
+        RankEvidence(3, reading=stacks(Where.OWN)),
+    ]
+    assert job_blame(nodes(bare, TWO), TWO).ranks == (3,)
     # node 1 never answered: its ranks are the ones node 0's ranks wait for
     found = job_blame(nodes(ev, TWO)[:1], TWO)
     assert (found.ranks, found.nodes, found.rule, found.silent) == ((2, 3), (1,), "absent", (1,))
