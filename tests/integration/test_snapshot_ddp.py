@@ -21,7 +21,7 @@ from tests.support import RANKS, Daemon
 DDP_SNAPSHOTS = str(RANKS / "ddp_snapshots.py")
 Start = Callable[..., Daemon]
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
-STEPS, KILL_AT = 10, 5  # rank 1 dies in step 6, after step 5's snapshot
+STEPS, KILL_AT = 8, 4  # rank 1 dies in step 5, after step 4's snapshot
 
 
 def _sums(out: Path, gen: int, rank: int) -> dict[int, str]:
