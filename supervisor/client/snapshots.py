@@ -40,6 +40,10 @@ from supervisor.client.connection import held as _held
 from supervisor.client.snapshot_slots import SlotError, Writer
 
 BEGIN_TIMEOUT = 1.0  # the daemon answers a begin in well under a millisecond when idle
+# a begin that grows the slot file (twice a run per rank) is answered once the daemon
+# reserved its pages in a thread: 0.4 s a GB on an idle 2-core machine, plus the thread's
+# turn and the loop's, each a second or more on a loaded one
+RESERVE_WAIT, RESERVE_RATE = 3.0, 256 << 20  # seconds, and bytes per second
 RESTORE_TIMEOUT = 5.0
 BACKGROUND_TIMEOUT = 60.0  # the previous snapshot's checksum, before its slot is overwritten
 EXIT_FLUSH_TIMEOUT = 2.0  # at exit: the last snapshot's checksum and done message
@@ -56,7 +60,8 @@ def snapshot(state: Mapping[str, Any], step: int, *, timeout: float = BEGIN_TIME
 
     **What blocks the training thread**: walking ``state`` (flattening it into a skeleton
     and a list of tensors), one round trip to the daemon (``snapshot_begin``: the daemon
-    marks the slot incomplete and sizes its file; ``timeout`` s at most), waiting for the
+    marks the slot incomplete and sizes its file; ``timeout`` s at most, plus the time to
+    reserve the pages of a slot file that grows: once per slot), waiting for the
     previous snapshot's checksum of the slot about to be overwritten (two snapshots ago:
     normally long done), and the copy of every tensor into the mapped slot (a memcpy for
     host tensors; device tensors are copied to the host here, synchronously). When it
@@ -128,7 +133,9 @@ class _Snapshots:
         self._detach_restored(slot)
         request_id = uuid.uuid4().hex[:16]
         self.client.send("snapshot_begin", id=request_id, slot=number, bytes=p.total)
-        reply = self.client.channel.await_reply(request_id, timeout)
+        mapped = slot.writer is not None and len(slot.writer.mapping) >= p.total
+        wait = timeout if mapped else timeout + RESERVE_WAIT + p.total / RESERVE_RATE  # it may grow first
+        reply = self.client.channel.await_reply(request_id, wait)
         if reply is None:
             self.say(
                 f"snapshots skipped from step {step}: the daemon did not answer within {timeout:g} s",

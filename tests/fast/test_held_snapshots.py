@@ -2,25 +2,32 @@
 messages to the real daemon and write their slot files themselves, as the client does.
 
 The daemon's answers go back on the ROUTER socket, which no fake can read: ``Replies``
-stands between (as tests/fast/fakes_gasp.py does for "save now"), keeping each ack the
-real inbox sends, by request id. A request is handled as it is delivered, so a fake
-reads its answer at once.
+stands between (as tests/fast/fakes_gasp.py does for "save now"), keeping each reply the
+real inbox sends, by request id. Most requests are answered as they are delivered; a
+begin that grows a slot file once its pages are reserved in a thread (the virtual clock
+stands still meanwhile).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import os
 import secrets
 import shutil
 import stat
+import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from supervisor.cli.control import render_status
 from supervisor.runtime.lifecycle.daemon import Supervisor
-from supervisor.runtime.services.held_snapshots import LOCK, SHM, _locked, remove_stale
+from supervisor.runtime.services.held_snapshots import LOCK, SHM, HeldSnapshots, _locked, remove_stale
 from tests.fast.fakes import Rank
 from tests.fast.harness import Operator, Watcher, supervise
 
@@ -29,30 +36,40 @@ from tests.fast.harness import Operator, Watcher, supervise
 class Replies:
     """The daemon's acks, by request id."""
 
-    by_id: dict[str, dict[str, Any]] = field(default_factory=dict)
+    by_id: dict[str, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
     status: list[dict[str, Any]] = field(default_factory=list)  # taken by the operator
 
     def operator(self, then: Operator | None = None) -> Operator:
         async def act(daemon: Supervisor, seen: Watcher) -> None:
             inbox = daemon.monitor.inbox
-            real_ack = inbox.ack
+            real_reply = inbox.reply
 
-            def ack(request_id: str | None, **data: object) -> None:
-                if request_id is not None:
-                    self.by_id[request_id] = dict(data)
-                real_ack(request_id, **data)
+            def reply(identity: bytes | None, request_id: str | None, **data: object) -> None:
+                waiting = None if request_id is None else self.by_id.get(request_id)
+                if waiting is not None and not waiting.done():
+                    waiting.set_result(dict(data))
+                real_reply(identity, request_id, **data)
 
-            inbox.ack = ack  # type: ignore[method-assign]
+            inbox.reply = reply  # type: ignore[method-assign]
             if then is not None:
                 await then(daemon, seen)
 
         return act
 
-    def ask(self, r: Rank, kind: str, **fields: Any) -> dict[str, Any] | None:
+    async def ask(self, r: Rank, kind: str, **fields: Any) -> dict[str, Any] | None:
         """A request and its answer; None when the daemon did not answer (a dropped request)."""
         request_id = secrets.token_hex(4)
+        waiting = self.by_id[request_id] = asyncio.get_running_loop().create_future()
         r.send(kind, id=request_id, **fields)
-        return self.by_id.pop(request_id, None)
+        try:
+            return await asyncio.wait_for(waiting, ANSWER_WITHIN)
+        except TimeoutError:
+            return None
+        finally:
+            del self.by_id[request_id]
+
+
+ANSWER_WITHIN = 1.0  # virtual seconds: the client's own wait for a begin
 
 
 def content(rank: int, step: int, nbytes: int) -> bytes:
@@ -64,12 +81,12 @@ def digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=8).hexdigest()  # the client's is xxh3_64: 16 hex digits too
 
 
-def snapshot(
+async def snapshot(
     replies: Replies, r: Rank, step: int, nbytes: int = 4096, *, done: bool = True
 ) -> dict[str, Any]:
     """What ``client.snapshot`` does: begin the slot, write it, checksum it, say done."""
     slot = step % 2
-    answer = replies.ask(r, "snapshot_begin", slot=slot, bytes=nbytes)
+    answer = await replies.ask(r, "snapshot_begin", slot=slot, bytes=nbytes)
     assert answer is not None
     if not answer["ok"]:
         return answer
@@ -81,9 +98,9 @@ def snapshot(
     return answer
 
 
-def restore(replies: Replies, r: Rank) -> tuple[int, bytes, dict[str, Any]] | None:
+async def restore(replies: Replies, r: Rank) -> tuple[int, bytes, dict[str, Any]] | None:
     """What ``client.restore`` does: ask, read the slot, verify its checksum."""
-    answer = replies.ask(r, "snapshot_restore")
+    answer = await replies.ask(r, "snapshot_restore")
     assert answer is not None
     if answer["step"] is None:
         return None
@@ -100,14 +117,14 @@ def test_a_crash_and_its_restart_lose_nothing_held(tmp_path: Path) -> None:
         if r.generation == 0:
             for step in range(5):
                 await r.sleep(1.0)
-                path = Path(snapshot(replies, r, step)["path"])
+                path = Path((await snapshot(replies, r, step))["path"])
                 modes[r.rank] = (stat.S_IMODE(path.parent.stat().st_mode), stat.S_IMODE(path.stat().st_mode))
             await r.sleep(0.1)
             if r.rank == 1:
                 return 1
             await r.hang()
-        restored[r.rank] = restore(replies, r)
-        assert restore(replies, r) == restored[r.rank]  # asked again: the same answer, told once
+        restored[r.rank] = await restore(replies, r)
+        assert await restore(replies, r) == restored[r.rank]  # asked again: the same answer, told once
         await r.sleep(1.0)
         return 0
 
@@ -149,14 +166,14 @@ def test_a_rank_dead_between_begin_and_done_restores_the_other_slot(tmp_path: Pa
         if r.generation == 0:
             for step in range(4):
                 await r.sleep(1.0)
-                snapshot(replies, r, step)
+                await snapshot(replies, r, step)
             await r.sleep(1.0)
             if r.rank == 0:
-                snapshot(replies, r, 4, done=False)  # killed mid-copy: step 3's slot is untouched
+                await snapshot(replies, r, 4, done=False)  # killed mid-copy: step 3's slot is untouched
                 return 1
-            snapshot(replies, r, 4)
+            await snapshot(replies, r, 4)
             await r.hang()
-        restored[r.rank] = restore(replies, r)
+        restored[r.rank] = await restore(replies, r)
         return 0
 
     run = supervise(tmp_path, trains, "--max-restarts", "1", operator=replies.operator())
@@ -175,13 +192,17 @@ def test_malformed_and_unbegun_snapshot_messages_are_dropped_and_counted(tmp_pat
     async def trains(r: Rank) -> int | None:
         r.hello()
         if r.rank == 0:
-            answers["oversized"] = replies.ask(r, "snapshot_begin", slot=0, bytes=1 << 60)
-            answers["slot 2"] = replies.ask(r, "snapshot_begin", slot=2, bytes=10)
+            await snapshot(replies, r, 1)  # slot 1 complete: nothing below may cost it
+            r.send("snapshot_done", slot=1, step=9, bytes=1 << 20, checksum="ab")  # longer than its file
+            answers["oversized"] = await replies.ask(r, "snapshot_begin", slot=0, bytes=1 << 60)
+            answers["slot 2"] = await replies.ask(r, "snapshot_begin", slot=2, bytes=10)
             r.send("snapshot_done", slot=1, step=3, bytes=10, checksum="ab")  # never begun
-            answers["begun"] = replies.ask(r, "snapshot_begin", slot=0, bytes=100)
+            answers["begun"] = await replies.ask(r, "snapshot_begin", slot=0, bytes=100)
             r.send("snapshot_done", slot=0, step=3, bytes=101, checksum="ab")  # longer than its file
             r.send("snapshot_done", slot=0, step=3, bytes=100, checksum="not hex")
-            answers["restore"] = replies.ask(r, "snapshot_restore")
+            answers["restore"] = await replies.ask(r, "snapshot_restore")
+        else:
+            await snapshot(replies, r, 1)
         await r.train(3)
         return 0
 
@@ -189,11 +210,13 @@ def test_malformed_and_unbegun_snapshot_messages_are_dropped_and_counted(tmp_pat
     assert run.code == 0, run.story()
     assert answers["oversized"] is None and answers["slot 2"] is None  # dropped: no answer
     assert answers["begun"] is not None and answers["begun"]["ok"]
-    assert answers["restore"] == {"step": None}  # nothing complete: never the torn slot
+    # the complete slot as it was, never the torn one
+    restored = answers["restore"]
+    assert restored is not None and (restored["step"], restored["slot"]) == (1, 1), restored
     assert {e["reason"] for e in run.named("message_dropped")} >= {"malformed", "snapshot_unbegun"}
-    assert run.daemon.monitor.drops["snapshot_unbegun"] == 2
+    assert run.daemon.monitor.drops["snapshot_unbegun"] == 3
     assert run.daemon.monitor.drops["malformed"] == 3
-    assert not run.named("snapshot_taken") and not run.named("snapshot_restored")
+    assert [e["step"] for e in run.named("snapshot_restored")] == [1]
 
 
 def test_a_snapshot_over_the_budget_is_refused_once_and_training_goes_on(tmp_path: Path) -> None:
@@ -203,9 +226,9 @@ def test_a_snapshot_over_the_budget_is_refused_once_and_training_goes_on(tmp_pat
         r.hello()
         for step in range(10):
             await r.step(step)
-            answers.append(snapshot(replies, r, step, 40 << 10))  # slot 1 would make 80K of 64K
-        answers.append(snapshot(replies, r, 10, 1 << 20))  # beyond the whole budget
-        restored.append(restore(replies, r))
+            answers.append(await snapshot(replies, r, step, 40 << 10))  # slot 1 would make 80K of 64K
+        answers.append(await snapshot(replies, r, 10, 1 << 20))  # beyond the whole budget
+        restored.append(await restore(replies, r))
         return 0
 
     run = supervise(tmp_path, trains, "--nproc-per-node", "1", "--snapshot-memory", "64K",
@@ -228,9 +251,9 @@ def test_two_ranks_a_step_apart_restore_the_step_both_hold(tmp_path: Path) -> No
         last = 5 if r.rank == 0 else 4  # rank 1 is a step behind
         for step in range(last + 1):
             await r.sleep(1.0)
-            snapshot(replies, r, step, 1000 + r.rank)
+            await snapshot(replies, r, step, 1000 + r.rank)
         await r.sleep(5.0)
-        restored[r.rank] = restore(replies, r)
+        restored[r.rank] = await restore(replies, r)
         return 0
 
     run = supervise(tmp_path, trains, operator=replies.operator())
@@ -251,17 +274,17 @@ def test_a_generation_restores_one_step_whatever_its_ranks_snapshot_meanwhile(tm
         if r.generation == 0:
             for step in range(5):
                 await r.sleep(1.0)
-                snapshot(replies, r, step)
+                await snapshot(replies, r, step)
             if r.rank == 1:
                 return 1
             await r.hang()
         if r.rank == 1:
             await r.sleep(5.0)  # slow to restore: rank 0 has moved on meanwhile
-        restored[r.rank] = restore(replies, r)
+        restored[r.rank] = await restore(replies, r)
         if r.rank == 0:
             for step in (5, 6):  # step 6 overwrites slot 0, which held the step it restored
                 await r.sleep(1.0)
-                snapshot(replies, r, step)
+                await snapshot(replies, r, step)
         await r.sleep(6.0)
         return 0
 
@@ -286,3 +309,85 @@ def test_a_stale_directory_of_a_dead_daemon_is_removed_at_start() -> None:
         assert held is not None
         os.close(held)
         shutil.rmtree(live)
+
+
+@contextlib.contextmanager
+def small_shm(where: Path, size: int) -> Iterator[Path]:
+    """A tmpfs of ``size`` bytes at ``where`` (root only), unmounted at the end."""
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)],
+                             capture_output=True, text=True, check=False)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+def fill(directory: Path) -> None:
+    """Something else takes what is left of the shared memory."""
+    st = os.statvfs(directory)
+    fd = os.open(directory / "filler", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize)
+    finally:
+        os.close(fd)
+
+
+def on(root: Path, then: Operator | None = None) -> Operator:
+    """The daemon's snapshots held under ``root`` instead of /dev/shm."""
+
+    async def act(daemon: Supervisor, seen: Watcher) -> None:
+        daemon.snapshots = HeldSnapshots(
+            daemon.events, daemon.clock, budget=None, token=daemon.token, root=root
+        )
+        daemon.monitor.snapshots.handler = daemon.snapshots.handle
+        if then is not None:
+            await then(daemon, seen)
+
+    return act
+
+
+def test_a_slot_is_reserved_before_its_begin_is_answered_and_no_room_is_a_refusal(tmp_path: Path) -> None:
+    replies, answers, restored = Replies(), [], []
+
+    async def trains(r: Rank) -> int | None:
+        r.hello()
+        answers.append(await snapshot(replies, r, 0, 64 << 10))
+        fill(shm)  # after the budget check of every slot to come (256K)
+        answers.append(await snapshot(replies, r, 1, 64 << 10))  # slot 1 finds no room: refused
+        restored.append(await restore(replies, r))  # slot 0 as it was
+        # slot 0's pages were reserved at its begin: they are the rank's, however full /dev/shm is
+        answers.append(await snapshot(replies, r, 2, 64 << 10))
+        await r.train(3)
+        return 0
+
+    with small_shm(tmp_path / "shm", 256 << 10) as shm:
+        run = supervise(tmp_path, trains, "--nproc-per-node", "1", operator=replies.operator(on(shm)))
+        assert run.code == 0, run.story()
+        assert [a["ok"] for a in answers] == [True, False, True], answers
+        assert "no room left for 65536 bytes for slot 1" in answers[1]["why"], answers
+        refused = run.one("snapshot_refused")
+        assert (refused["rank"], refused["bytes"]) == (0, 64 << 10) and "no room" in refused["why"]
+        [found] = restored
+        assert found is not None and found[0] == 0 and found[1] == content(0, 0, 64 << 10)
+        assert run.one("generation_ended")["iteration"] == 2
+
+
+def test_a_begin_asked_again_while_its_slot_is_reserved_gets_the_same_slot(tmp_path: Path) -> None:
+    replies, answers = Replies(), []
+
+    async def trains(r: Rank) -> int | None:
+        r.hello()
+        # the rank gave up waiting and asks again: one reservation, both answered after it
+        answers.extend(await asyncio.gather(*(replies.ask(r, "snapshot_begin", slot=0, bytes=8 << 20)
+                                              for _ in range(2))))  # fmt: skip
+        await r.train(1)
+        return 0
+
+    run = supervise(tmp_path, trains, "--nproc-per-node", "1", operator=replies.operator())
+    assert run.code == 0, run.story()
+    assert [a is not None and a["ok"] for a in answers] == [True, True], answers
+    assert answers[0] == answers[1]
+    assert run.one("snapshots_released")["bytes"] == 8 << 20  # counted once

@@ -1,6 +1,7 @@
 """``client.snapshot`` / ``client.restore`` through a real daemon: two lock-stepped ranks
-snapshot every step; rank 1 dies right after a snapshot; the restarted ranks restore the
-newest step both hold complete, bit for bit, and go on from the next. The daemon's side
+snapshot every step; rank 1 dies right after a snapshot, or in the middle of copying one
+into its slot; the restarted ranks restore the newest step both hold complete, bit for bit,
+and go on from the next. The daemon's side
 on virtual time (begin/done bookkeeping, the budget, malformed requests) is in
 tests/fast/test_held_snapshots.py; the slot format in tests/unit/test_snapshot_slots.py."""
 
@@ -85,3 +86,19 @@ def test_a_damaged_slot_is_not_restored(start: Start, tmp_path: Path) -> None:
     said = f"restore of step {rank0['step']} refused"
     lines = [line for line in d.stderr().splitlines() if said in line]
     assert len(lines) == 1 and "checksum" in lines[0], d.story()
+
+
+def test_a_rank_killed_mid_copy_restores_the_other_slot(start: Start, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    kill_at = 5
+    d = start("--nproc-per-node", "2", "--preload", "none", "--max-restarts", "1", SNAPSHOTTING,
+              "--steps", "8", "--out", str(out), "--kill-at", str(kill_at), "--torch", "--torn")  # fmt: skip
+    assert d.wait(120) == 0, d.story()
+    rank0, rank1 = _restored(out, 1)
+    # the copy of step 5 had begun when the SIGKILL came: its slot's header says 5, the other 4
+    assert sorted(rank1.pop("headers")) == [kill_at - 1, kill_at], rank1
+    # slot of step 5 begun, never complete: both ranks restore 4 from the other slot, intact
+    assert rank0 == rank1 == {"step": kill_at - 1, "same": True, "kept": True}, (rank0, rank1)
+    [killed] = [e for e in d.events("rank_exited") if e["generation"] == 0 and e["rank"] == 1]
+    assert killed["signal"] == "SIGKILL", killed

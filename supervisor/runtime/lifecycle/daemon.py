@@ -108,7 +108,7 @@ class Supervisor:
         self.monitor.on_save, self.monitor.advice = self.advice.saved, self.advice.describe
         # the ranks' snapshots, held across generations until the run ends
         self.snapshots = HeldSnapshots(events, clock, budget=cfg.snapshot_memory, token=self.token)
-        self.monitor.snapshots = self.snapshots.handle
+        self.monitor.snapshots.handler = self.snapshots.handle
         self.health = NodeHealth(cfg.health, events, clock, cfg.run_id)
         self.kernel = KernelLog(events)
         self.hosting = Hosting(cfg, events, self.monitor, logger, self._signaller,

@@ -126,10 +126,14 @@ class Inbox:
 
     def ack(self, request_id: str | None, **data: object) -> None:
         """A request is worth a reply: the rank may be about to exit and wants it delivered."""
-        if self.identity is not None and request_id is not None:
+        self.reply(self.identity, request_id, **data)
+
+    def reply(self, identity: bytes | None, request_id: str | None, **data: object) -> None:
+        """The answer to ``identity``'s request: given later, after other messages were read."""
+        if identity is not None and request_id is not None:
             reply = schema.encode("ack", id=request_id, **data)
             with contextlib.suppress(zmq.ZMQError):
-                self._sync.send_multipart([self.identity, reply], zmq.NOBLOCK)
+                self._sync.send_multipart([identity, reply], zmq.NOBLOCK)
 
     def send(self, identity: bytes, payload: bytes) -> bool:
         """A request of the daemon's own ("save now"); False when the send failed."""

@@ -11,7 +11,6 @@ import asyncio
 import traceback
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
 
 import zmq.asyncio
 
@@ -32,9 +31,9 @@ from supervisor.core.types import ReportedException
 from supervisor.core.watch import STEP, Hang, RankWatch, Timeouts
 from supervisor.runtime.lifecycle.inbox import Inbox
 from supervisor.runtime.lifecycle.notices import Notices
+from supervisor.runtime.lifecycle.snapshot_requests import SnapshotRequests
 from supervisor.runtime.lifecycle.timers import Timers
 from supervisor.runtime.records.events import EventLog
-from supervisor.runtime.services.held_snapshots import SnapshotMessage, no_snapshots
 from supervisor.runtime.services.loopwatch import LoopWatch
 from supervisor.transport import schema
 from supervisor.transport.schema import Dropped, DropReason
@@ -93,9 +92,8 @@ class Monitor:
         # goes to it, and a rank's question is answered from it
         self.on_save: Callable[[int, float], None] = lambda rank, seconds: None
         self.advice: Callable[[], dict[str, object]] = lambda: {"seconds": None}
-        # the snapshots the daemon holds (runtime.services.held_snapshots): a rank's request is
-        # answered from it, given the node's ranks now; it raises Dropped for what it ignores
-        self.snapshots: Callable[[SnapshotMessage, Collection[int]], dict[str, Any] | None] = no_snapshots
+        # the snapshots the daemon holds (runtime.services.held_snapshots): its handler answers
+        self.snapshots = SnapshotRequests(self.inbox, failed=self._failed)
 
     # -- generations ----------------------------------------------------------------
 
@@ -312,23 +310,17 @@ class Monitor:
         request = schema.encode("save", id=request_id, reason=reason, deadline=deadline)
         return self.inbox.send(identity, request)
 
-    def _answer(self, m: schema.Calculate | schema.AdviceQuery | SnapshotMessage) -> None:
+    def _answer(
+        self, m: schema.Calculate | schema.AdviceQuery | schema.SnapshotBegin | schema.SnapshotDone
+        | schema.SnapshotRestore,
+    ) -> None:  # fmt: skip
         """A question the workload waits on: the answer comes back on its own socket."""
         if isinstance(m, schema.SnapshotBegin | schema.SnapshotDone | schema.SnapshotRestore):
-            self._snapshot(m)
+            self.snapshots.answer(m, self._ranks)
         elif isinstance(m, schema.AdviceQuery):
             self.inbox.ack(m.id, **self.advice())
         else:
             self._calculate(m)
-
-    def _snapshot(self, m: SnapshotMessage) -> None:
-        try:
-            answer = self.snapshots(m, self._ranks)
-        except Dropped as dropped:
-            self.inbox.drop(dropped)
-            return
-        if answer is not None and not isinstance(m, schema.SnapshotDone):
-            self.inbox.ack(m.id, **answer)
 
     def _calculate(self, m: schema.Calculate) -> None:
         """The workload's own calculation (nvidia-resiliency-ext's calculate_and_set_*):

@@ -2,25 +2,32 @@
 
 Per run, one directory ``/dev/shm/ft-supervisor-<daemon pid>-<8 hex of the run token>/``
 (mode 0700, created at a rank's first snapshot), and per rank two slot files
-``rank<R>.<slot>`` (mode 0600) that the daemon creates and sizes (ftruncate) when the rank
-asks (``snapshot_begin``); the rank maps the file and writes its state there itself. The
+``rank<R>.<slot>`` (mode 0600) that the daemon creates and sizes when the rank asks
+(``snapshot_begin``); the rank maps the file and writes its state there itself. A file
+that grows gets its pages reserved (``posix_fallocate``) before the begin is answered, in a
+thread off the daemon's loop (0.3-0.4 s a GB here): a rank that mapped a sparse file would
+take SIGBUS on the first page /dev/shm no longer has room for, once something else filled
+it after the budget check; reserved, the pages are the rank's, and a reservation that finds
+no room is a refusal like the budget's. The
 daemon never reads a slot: it keeps which slot is complete, with the step, length and
 checksum the rank gave (``supervisor.core.memory_snapshots``), and answers a restore
 with the slot that holds the newest step every rank of the node holds complete.
 
 The slot files together never exceed the budget (``--snapshot-memory``, and /dev/shm's
-free space): a begin that would is refused, told once per rank and reason, and training
-goes on. The directory goes when the run ends (``release``).
+free space at start): a begin that would is refused, told once per rank and reason, and
+training goes on. The directory goes when the run ends (``release``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
 import fcntl
 import os
 import shutil
 import stat
-from collections.abc import Collection
+from collections.abc import Awaitable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +49,13 @@ PREFIX = "ft-supervisor-"
 LOCK = ".lock"  # held by the daemon whose directory it is
 TAKEN_EVERY = 60.0  # seconds: snapshot_taken at most this often per rank (after its first of a generation)
 MAX_RANKS = 4096  # ranks of one node the table keeps (a node has tens at most)
+RESERVING = 2  # slot files reserved at once, each in a thread: the rest wait their turn
 
 SnapshotMessage = schema.SnapshotBegin | schema.SnapshotDone | schema.SnapshotRestore
+Answer = dict[str, Any] | Awaitable[dict[str, Any]] | None  # awaitable: a slot file being reserved
 
 
-def no_snapshots(m: SnapshotMessage, ranks: Collection[int]) -> dict[str, Any] | None:
+def no_snapshots(m: SnapshotMessage, ranks: Collection[int]) -> Answer:
     """The answer without a store: nothing is held, nothing can be."""
     return {"step": None} if isinstance(m, schema.SnapshotRestore) else {"ok": False, "why": "no store"}
 
@@ -73,6 +82,9 @@ class HeldSnapshots:
         self._created = False
         self.table: dict[int, RankSlots] = {}
         self.sizes: dict[tuple[int, int], int] = {}  # (rank, slot) -> the file's size
+        # (rank, slot) -> its reservation in a thread and the size it reserves (counted as held)
+        self._growing: dict[tuple[int, int], tuple[asyncio.Future[dict[str, Any]], int]] = {}
+        self._reserving = asyncio.Semaphore(RESERVING)
         self._refused: dict[int, set[str]] = {}  # rank -> reasons told
         self._taken: dict[int, tuple[int, float]] = {}  # rank -> (generation, when) of the last told
         self.ignored = 0  # done messages not recorded
@@ -84,16 +96,18 @@ class HeldSnapshots:
 
     @property
     def total(self) -> int:
-        return sum(self.sizes.values())
+        growing = {key: size for key, (_, size) in self._growing.items()}
+        return sum(max(self.sizes.get(key, 0), growing.get(key, 0)) for key in self.sizes.keys() | growing)
 
     def path(self, rank: int, slot: int) -> Path:
         return self.directory / f"rank{rank}.{slot}"
 
     # -- the ranks' requests (from the monitor) -------------------------------------------
 
-    def handle(self, m: SnapshotMessage, ranks: Collection[int]) -> dict[str, Any] | None:
-        """The answer to ``m`` (None: a done, which has none); ``ranks``: the node's, now.
-        Raises ``Dropped`` for a done that is not recorded."""
+    def handle(self, m: SnapshotMessage, ranks: Collection[int]) -> Answer:
+        """The answer to ``m`` (None: a done, which has none; an awaitable: a begin whose
+        slot file is being reserved); ``ranks``: the node's, now. Raises ``Dropped`` for a
+        done that is not recorded."""
         if isinstance(m, schema.SnapshotBegin):
             return self.begin(m)
         if isinstance(m, schema.SnapshotRestore):
@@ -101,28 +115,30 @@ class HeldSnapshots:
         self.done(m)
         return None
 
-    def begin(self, m: schema.SnapshotBegin) -> dict[str, Any]:
+    def begin(self, m: schema.SnapshotBegin) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         slots = self._slots(m.rank)
         if slots is None:
             return {"ok": False, "why": f"more than {MAX_RANKS} ranks on this node"}
         slots.begin(m.slot, m.gen, self._clock.monotonic())  # not complete, before any answer
+        growing = self._growing.get((m.rank, m.slot))
+        if growing is not None:  # asked again (the rank gave up waiting): once that one is done
+            return self._after(growing[0], m)
         path = self.path(m.rank, m.slot)
         have = self.sizes.get((m.rank, m.slot), 0)
         if m.nbytes <= have:
             return {"ok": True, "path": str(path)}
-        growth, over = m.nbytes - have, self.total - have + m.nbytes
+        over = self.total - have + m.nbytes
         if over > self.budget:
             why = (f"{m.nbytes} bytes for slot {m.slot} would hold {over} bytes of snapshots, over the "
                    f"budget of {self.budget} (--snapshot-memory)")  # fmt: skip
             return self._refuse(m, "budget", why)
-        if growth > free_space(self._root):
-            return self._refuse(m, "no_space", f"{self._root} has less than {growth} bytes free")
         try:
-            self._grow(path, m.nbytes)
+            self._own_directory()
         except OSError as exc:
-            return self._refuse(m, "error", f"{path}: {exc.strerror or exc}")
-        self.sizes[m.rank, m.slot] = m.nbytes
-        return {"ok": True, "path": str(path)}
+            return self._refuse(m, "error", f"{self.directory}: {exc.strerror or exc}")
+        task = asyncio.ensure_future(self._grow(m, path))
+        self._growing[m.rank, m.slot] = (task, m.nbytes)
+        return task
 
     def done(self, m: schema.SnapshotDone) -> None:
         slots, now = self.table.get(m.rank), self._clock.monotonic()
@@ -171,18 +187,42 @@ class HeldSnapshots:
                                               budget=self.budget, why=why))  # fmt: skip
         return {"ok": False, "why": why}
 
-    def _grow(self, path: Path, size: int) -> None:
+    def _own_directory(self) -> None:
         if not self._created:
             self.directory.mkdir(mode=0o700, exist_ok=True)
             self._lock = _locked(self.directory / LOCK)
             if self._lock is None:
                 raise OSError(f"{self.directory} is held by another daemon")
             self._created = True
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+
+    async def _grow(self, m: schema.SnapshotBegin, path: Path) -> dict[str, Any]:
+        """The begin's answer once the slot file's pages are reserved (in a thread: the
+        loop goes on meanwhile; RESERVING at once)."""
+        key = (m.rank, m.slot)
         try:
-            os.ftruncate(fd, size)
+            async with self._reserving:
+                await asyncio.to_thread(reserve, path, m.nbytes)
+        except OSError as exc:
+            if not self._created:
+                return {"ok": False, "why": "the run's snapshots were released"}
+            if exc.errno == errno.ENOSPC:
+                why = f"{self._root} has no room left for {m.nbytes} bytes for slot {m.slot} ({exc.strerror})"
+                return self._refuse(m, "no_space", why)
+            return self._refuse(m, "error", f"{path}: {exc.strerror or exc}")
         finally:
-            os.close(fd)
+            self._growing.pop(key, None)
+        if not self._created:
+            return {"ok": False, "why": "the run's snapshots were released"}
+        self.sizes[key] = max(self.sizes.get(key, 0), m.nbytes)
+        return {"ok": True, "path": str(path)}
+
+    async def _after(
+        self, growing: asyncio.Future[dict[str, Any]], m: schema.SnapshotBegin
+    ) -> dict[str, Any]:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(growing)
+        answer = self.begin(m)
+        return answer if isinstance(answer, dict) else await answer
 
     # -- status and the end ---------------------------------------------------------------
 
@@ -207,6 +247,16 @@ class HeldSnapshots:
             os.close(self._lock)
         self.table, self.sizes, self._created, self._lock = {}, {}, False, None
         self._events.emit(SnapshotsReleased(bytes=held, files=files, directory=str(self.directory)))
+
+
+def reserve(path: Path, size: int) -> None:
+    """Create the slot file when new and give it ``size`` bytes of pages now (ENOSPC when
+    the shared memory has no room for them: the file keeps its size)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    finally:
+        os.close(fd)
 
 
 def remove_stale(root: Path = SHM) -> list[Path]:
