@@ -112,7 +112,14 @@ class _Snapshotting:
         if self.snapshot_every_n_steps is None or _Once.pid == os.getpid():
             return
         _Once.pid = os.getpid()
-        connector = trainer._checkpoint_connector
+        # Lightning hands a checkpoint's training state to its loops through its connector
+        # (2.x, private): where a release has no such place, the disk stays the record
+        connector = getattr(trainer, "_checkpoint_connector", None)
+        if connector is None or not hasattr(connector, "_loaded_checkpoint"):
+            sys.stderr.write("supervisor.client: this Lightning has no checkpoint connector as 2.x has: the "
+                             "memory snapshot is not restored (the disk checkpoint, if any, is)\n")
+            sys.stderr.flush()
+            return
         loaded: dict[str, Any] = connector._loaded_checkpoint or {}
         if trainer.ckpt_path and trainer.strategy.restore_checkpoint_after_setup:
             return  # the disk checkpoint is read after this hook and would overwrite a restore

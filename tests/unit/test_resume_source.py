@@ -72,3 +72,17 @@ def test_resume_without_a_daemon_takes_the_disk_and_says_so(
         "supervisor.client: resuming at step 40 from disk: no snapshot held in memory"
         in capsys.readouterr().err
     )
+
+
+def test_a_lightning_without_the_connector_it_knows_keeps_the_disk_and_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from supervisor.client import _lightning_snapshots as snaps  # noqa: PLC0415
+
+    cb = snaps._Snapshotting.__new__(snaps._Snapshotting)
+    cb.snapshot_every_n_steps, cb._snapshotted = 1, None
+    snaps._Once.pid = None
+    cb.on_fit_start(SimpleNamespace(ckpt_path=None), object())  # a trainer of another shape
+    assert "no checkpoint connector" in capsys.readouterr().err
