@@ -5,7 +5,7 @@ by side.
 
 How to run (from the repository root, in the project's virtualenv)::
 
-    .venv/bin/python scripts/bench/goodput.py                  # 3 runs of each, ~25 min
+    .venv/bin/python scripts/bench/goodput.py                  # 3 runs of each, ~30 min
     .venv/bin/python scripts/bench/goodput.py --runs 5 --out /tmp/goodput
     .venv/bin/python scripts/bench/goodput.py --launchers ft,ft_launcher --quick
     .venv/bin/python scripts/bench/goodput.py --launchers ft,ft-snap --step-time 0.1  # issue 25
