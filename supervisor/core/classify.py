@@ -188,7 +188,7 @@ def agent_ranks(lines: Sequence[str], progressed: bool | None = None) -> list[Ra
     return launcher_ranks(lines, progressed)
 
 
-def _tier(c: Classification) -> int:
+def root_tier(c: Classification) -> int:
     """Nearer the cause first: a rank's own failure, a waiting rank's timeout, a peer's
     failure seen from this rank."""
     return 2 if c.peer else 1 if c.waiting else 0
@@ -196,7 +196,7 @@ def _tier(c: Classification) -> int:
 
 def _root(per_rank: Sequence[Classification]) -> Classification | None:
     """The failure nearest the cause, the earliest of those (``min`` keeps the first)."""
-    return min(per_rank, key=_tier) if per_rank else None
+    return min(per_rank, key=root_tier) if per_rank else None
 
 
 def _the_peer(rules: Sequence[Rule], stopped: Sequence[RankFailure]) -> Classification | None:
