@@ -8,6 +8,7 @@ peer's reset; with it, it is shown and the nodes must agree."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -40,7 +41,7 @@ def killed_at(step: int, local: int = 1) -> Callable[[Rank], Awaitable[int | Non
         if r.generation == 0 and r.slot.local_rank == local:
             await r.train(step)
             return -signal.SIGKILL
-        await r.train(20 if r.generation == 0 else 3)
+        await r.train(14 if r.generation == 0 else 3)
         return 0
 
     return script
@@ -55,10 +56,20 @@ def reset_at(step: int) -> Callable[[Rank], Awaitable[int | None]]:
             await r.train(step)
             r.log(RESET)
             return 1
-        await r.train(20 if r.generation == 0 else 3)
+        await r.train(14 if r.generation == 0 else 3)
         return 0
 
     return script
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The nodes' run directories, made once: each test reads them (or a copy)."""
+    made = {
+        "reset6": (0, reset_at(6)), "killed5": (1, killed_at(5)), "reset2": (0, reset_at(2)),
+        "killed8": (0, killed_at(8, local=0)), "killed12": (1, killed_at(12)),
+    }  # fmt: skip
+    return {name: _node(tmp_path_factory.mktemp(name), n, how).rundir for name, (n, how) in made.items()}
 
 
 def job(capsys: pytest.CaptureFixture[str], *dirs: Path, check: bool = False) -> tuple[int, Any]:
@@ -68,30 +79,28 @@ def job(capsys: pytest.CaptureFixture[str], *dirs: Path, check: bool = False) ->
 
 
 def test_the_job_root_is_the_rank_that_failed_on_its_own_in_any_order(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     # node 1's rank 3 is killed at step 5; node 0's rank 0 reads the reset at step 6
-    nodes = [_node(tmp_path, 0, reset_at(6)).rundir, _node(tmp_path, 1, killed_at(5)).rundir]
+    nodes = [runs["reset6"], runs["killed5"]]
     for dirs in (nodes, nodes[::-1]):
         verdict = job(capsys, *dirs)[1]
         assert (verdict["source"], verdict["rule"], verdict["ranks"], verdict["nodes"]) == (
             "first_failure", "X-SIGKILL", [3], ["node 1"],
         ), verdict  # fmt: skip
     # the peer's reset came first on the clock: a rank's own failure still outranks it
-    early = _node(tmp_path / "early", 0, reset_at(2)).rundir
-    verdict = job(capsys, early, nodes[1])[1]
+    verdict = job(capsys, runs["reset2"], nodes[1])[1]
     assert (verdict["ranks"], verdict["nodes"]) == ([3], ["node 1"]), verdict
 
 
 def test_of_two_own_failures_the_earliest_is_the_jobs_root(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    nodes = [_node(tmp_path, 0, killed_at(8, local=0)).rundir, _node(tmp_path, 1, killed_at(4)).rundir]
+    nodes = [runs["killed8"], runs["killed5"]]
     for dirs in (nodes, nodes[::-1]):
         verdict = job(capsys, *dirs)[1]
         assert (verdict["ranks"], verdict["nodes"]) == ([3], ["node 1"]), verdict
-    later = _node(tmp_path / "later", 1, killed_at(12)).rundir
-    verdict = job(capsys, later, nodes[0])[1]
+    verdict = job(capsys, runs["killed12"], nodes[0])[1]
     assert (verdict["ranks"], verdict["nodes"]) == ([0], ["node 0"]), verdict
 
 
@@ -102,9 +111,9 @@ def _carry(run_dir: Path, blame: dict[str, Any]) -> None:
 
 
 def test_job_blame_in_reason_json_is_the_verdict_and_the_nodes_must_agree(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    nodes = [_node(tmp_path, 0, reset_at(6)).rundir, _node(tmp_path, 1, killed_at(5)).rundir]
+    nodes = [shutil.copytree(runs[name], tmp_path / name) for name in ("reset6", "killed5")]
     blame = {"rule": "own_code", "ranks": [3], "nodes": [1], "detail": "rank 3 in its own code", "silent": []}
     for d in nodes:
         _carry(d, blame)
