@@ -781,8 +781,10 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         p.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANT_NAMES)}")
     if "ft-cuda-warm" in variants and a.device != "cuda":
         p.error("--variants ft-cuda-warm: only with --device cuda")
-    if a.nproc < 2:
-        p.error("--nproc must be at least 2 (rank 1 crashes)")
+    if a.nproc < 1:
+        p.error("--nproc must be at least 1")
+    global CRASH_RANK  # noqa: PLW0603 - one setting for the whole run, read where it is reported
+    CRASH_RANK = min(1, a.nproc - 1)  # rank 1, or the only rank: a group of one on a node with idle cores
     for tool in {"torchrun" if v in TORCHRUNS else "ft-supervisor" for v in variants}:
         if not (a.bin_dir / tool).exists():
             p.error(
