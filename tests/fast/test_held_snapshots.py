@@ -28,6 +28,7 @@ import pytest
 from supervisor.cli.control import render_status
 from supervisor.runtime.lifecycle.daemon import Supervisor
 from supervisor.runtime.services.held_snapshots import LOCK, SHM, HeldSnapshots, _locked, remove_stale
+from supervisor.runtime.services.metrics import Metrics
 from tests.fast.fakes import Rank
 from tests.fast.harness import Operator, Watcher, supervise
 
@@ -111,6 +112,7 @@ async def restore(replies: Replies, r: Rank) -> tuple[int, bytes, dict[str, Any]
 
 def test_a_crash_and_its_restart_lose_nothing_held(tmp_path: Path) -> None:
     replies, restored, modes = Replies(), {}, {}
+    served: dict[tuple[str, str | None], float] = {}  # the metrics endpoint's snapshot samples
 
     async def trains(r: Rank) -> int | None:
         r.hello()
@@ -132,6 +134,10 @@ def test_a_crash_and_its_restart_lose_nothing_held(tmp_path: Path) -> None:
         await seen.first("snapshot_restored", generation=1, rank=0)
         await seen.first("snapshot_restored", generation=1, rank=1)
         replies.status.append(daemon.commands.control("status"))
+        metrics = Metrics(daemon.events, "r", "n", daemon.clock.wall)
+        metrics.refresh(replies.status[-1])
+        served.update({(s.name, s.labels.get("rank")): s.value for family in metrics.registry.collect()
+                       for s in family.samples if s.name.startswith("ft_supervisor_snapshot")})  # fmt: skip
 
     run = supervise(tmp_path, trains, "--max-restarts", "1", operator=replies.operator(status))
     assert run.code == 0, run.story()
@@ -153,6 +159,10 @@ def test_a_crash_and_its_restart_lose_nothing_held(tmp_path: Path) -> None:
     assert "snapshots: 16384 of " in render_status(whole)
     assert {rank: row["step"] for rank, row in status["ranks"].items()} == {"0": 4, "1": 4}
     assert status["bytes"] == 4 * 4096 and status["budget"] > 0
+    assert served[("ft_supervisor_snapshot_step", "1")] == 4
+    assert served[("ft_supervisor_snapshot_bytes", "0")] == 4096
+    assert served[("ft_supervisor_snapshot_memory_bytes", None)] == 4 * 4096
+    assert served[("ft_supervisor_snapshot_memory_budget_bytes", None)] == status["budget"]
     released = run.one("snapshots_released")
     assert (released["files"], released["bytes"]) == (4, 4 * 4096)
     assert not Path(released["directory"]).exists()  # removed with the run

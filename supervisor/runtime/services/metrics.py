@@ -264,6 +264,33 @@ class Metrics:
             dropped.add_metric([*base, reason], n)
         yield from (received, dropped)
         yield from _advice(status.get("checkpoint_interval"), base)
+        yield from _snapshots(status.get("snapshots"), base)
+
+
+def _snapshots(held: Mapping[str, Any] | None, base: list[str]) -> Iterator[Metric]:
+    """The memory snapshots the daemon holds: per rank the newest step, its age and size;
+    the bytes held and the budget (docs: guides/checkpoints.md)."""
+    from prometheus_client.metrics_core import GaugeMetricFamily  # noqa: PLC0415
+
+    if not held:
+        return
+    per_rank = (*BASE, "rank")
+    step = GaugeMetricFamily(PREFIX + "snapshot_step", "the newest step the rank's snapshots hold complete",
+                             labels=per_rank)  # fmt: skip
+    age = GaugeMetricFamily(PREFIX + "snapshot_age_seconds", "seconds since that snapshot was complete",
+                            labels=per_rank)  # fmt: skip
+    size = GaugeMetricFamily(PREFIX + "snapshot_bytes", "that snapshot's size", labels=per_rank)
+    for rank, row in sorted((held.get("ranks") or {}).items()):
+        step.add_metric([*base, str(rank)], row["step"])
+        age.add_metric([*base, str(rank)], row["age_s"])
+        size.add_metric([*base, str(rank)], row["bytes"])
+    yield from (step, age, size)
+    for name, doc, key in (("snapshot_memory_bytes", "bytes of slot files held for the ranks", "bytes"),
+                           ("snapshot_memory_budget_bytes", "--snapshot-memory", "budget")):  # fmt: skip
+        if isinstance(held.get(key), int):
+            family = GaugeMetricFamily(PREFIX + name, doc, labels=BASE)
+            family.add_metric(base, held[key])
+            yield family
 
 
 def _advice(advice: Mapping[str, Any] | None, base: list[str]) -> Iterator[Metric]:
