@@ -47,9 +47,10 @@ def summary_key(node_rank: int) -> str:
     return f"incident/summary/{node_rank}"
 
 
-async def declare(board: Board, wall: float) -> None:
-    """This node declares a hang; the first declaration's time is kept."""
-    if await board.add(DECLARED, 1) == 1:
+async def declare(board: Board, node_rank: int, wall: float) -> None:
+    """This node declares a hang (once, however often it says so); the first
+    declaration's time is kept. ``DECLARED`` counts the nodes that declared."""
+    if await board.add(f"incident/by/{node_rank}", 1) == 1 and await board.add(DECLARED, 1) == 1:
         await board.set(AT, repr(wall).encode())
 
 

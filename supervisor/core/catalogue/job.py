@@ -67,9 +67,10 @@ class NodeMoved(Event, name="node_moved"):
 
 
 class JobBlame(Event, name="job_blame", level=WARNING):
-    """A job-wide hang's one blame, from every node's summary: the same on every node
-    (the rule that decided, the culprit ranks and their nodes, the nodes that gave no
-    summary, seconds from the first node's declaration to this node's verdict)."""
+    """A job-wide hang's one blame from every node's summary, the same on every node.
+
+    The rule that decided, the culprit ranks and their nodes, the nodes that gave no
+    summary, and the seconds from the first node's declaration to this node's verdict."""
 
     generation: int
     rule: str

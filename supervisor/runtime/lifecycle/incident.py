@@ -40,11 +40,11 @@ from supervisor.runtime.records.events import EventLog
 News = tuple[PeerNews, str]
 
 
-async def declare(board: Board | None, gen: Generation, clock: Clock) -> None:
+async def declare(board: Board | None, job_gen: JobGeneration, gen: Generation, clock: Clock) -> None:
     """This node's hang is the job's incident (before the end is announced)."""
     if board is not None and gen.missed is not None:
         with contextlib.suppress(JobOver):  # the store is gone: the announcement says so next
-            await incidents.declare(board, clock.wall())
+            await incidents.declare(board, job_gen.node_rank, clock.wall())
 
 
 async def examine(
@@ -53,7 +53,7 @@ async def examine(
 ) -> tuple[bool, News | None]:  # fmt: skip
     """Take part in the round's incident, if there is one: (whether this node took part,
     the news it follows when the culprits run elsewhere)."""
-    declared_at = await _declared(board, gen, news, clock)
+    declared_at = await _declared(board, job_gen, gen, news, clock)
     if board is None or declared_at is None:
         return False, None
     noticed = gen.missed[1] if gen.missed is not None else clock.monotonic()
@@ -107,12 +107,14 @@ async def examine(
     return True, (PeerNews.ENDED, job_verdict.followed(verdict, hosts))
 
 
-async def _declared(board: Board | None, gen: Generation, news: News | None, clock: Clock) -> float | None:
+async def _declared(
+    board: Board | None, job_gen: JobGeneration, gen: Generation, news: News | None, clock: Clock
+) -> float | None:
     """When the round's incident was first declared; None: this end is no hang's (or
     the store is gone: this node then judges alone, and the job's end comes next)."""
     if board is None or (gen.missed is None and (news is None or news[0] is not PeerNews.ENDED)):
         return None
-    await declare(board, gen, clock)
+    await declare(board, job_gen, gen, clock)
     try:
         return await incidents.declared(board)
     except JobOver:

@@ -297,7 +297,7 @@ class Loop:
     async def _announce_end(self, job_gen: JobGeneration, gen: Generation) -> JobOver | None:
         why = "stopping" if self.stop_signal is not None else f"generation {gen.number} {gen.result}"
         try:
-            await incident.declare(self._job.board(job_gen), gen, self._clock)  # a hang: the job's incident
+            await incident.declare(self._job.board(job_gen), job_gen, gen, self._clock)  # a hang: the job's
             await self._job.announce_end(job_gen, why)
             if self.stop_signal is not None:
                 # the others need not wait for this node's keep-alive to go stale
