@@ -17,6 +17,7 @@ from supervisor.coord import incidents
 from supervisor.core.jobwide import PeerNews
 from supervisor.core.node_summary import NodeSummary, RankEvidence, summarize_node
 from supervisor.core.stacks import read
+from supervisor.runreport import summary as report
 from tests.fast.fakes import Rank
 from tests.fast.fakes_job import Peer, Round, ScriptedJob
 from tests.fast.harness import Run, supervise
@@ -83,6 +84,10 @@ def test_the_culprit_on_the_other_node_is_named_and_this_node_only_follows(tmp_p
     board = job.boards[0]
     assert board.kv[incidents.DECLARED] == b"1" and orjson.loads(board.kv[incidents.MEMBERS]) == [0, 1]
     assert job.told.announced == [(0, "generation 0 failed")]
+    # the report's incident row names the job's culprit, not this node's ranks
+    (incident,) = report.build(run.rundir).incidents
+    assert (incident[1].rank, incident[1].node, incident[1].blame) == (3, 1, "own_code")
+    assert "the job blamed rank 3 on node 1 (own_code)" in report.text(report.build(run.rundir), None)
 
 
 def test_a_node_that_never_answers_is_silent_and_its_ranks_are_blamed_not_this_nodes(tmp_path: Path) -> None:
