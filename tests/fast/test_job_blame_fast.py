@@ -149,3 +149,17 @@ def test_the_culprit_here_is_named_hung_by_the_jobs_blame_and_its_node_marked(tm
     assert (hung["rank"], hung["blamed_by"]) == (1, "job_blame")
     assert run.decisions() == [("restart", "rank_hung")]
     assert [m["kind"] for m in run.named("node_health_marked")] == ["hang"]
+
+
+def test_a_culprit_here_whose_node_only_heard_the_news_is_named_hung_all_the_same(tmp_path: Path) -> None:
+    """Node 1 declared; this node's own deadline has not passed yet (none of its ranks
+    missed one), but the job's blame names its rank 1: the job's deadline stands for it."""
+    news = (0.5, PeerNews.ENDED, "node 1 (node1): generation 0 failed")
+    peers = [Peer(node1(rank3=WAITING), declares=True)]
+    job = ScriptedJob(Round(node_rank=0, news=news, peers=peers), Round())
+    run = supervise(tmp_path, hangs_at(3, own_code_rank=1), *OPTIONS, job=lambda: job)
+    assert run.code == 0, run.story()
+    assert run.named("deadline_missed") == [] and job.told.announced == []
+    (hung,) = run.named("rank_hung")
+    assert (hung["rank"], hung["blamed_by"]) == (1, "job_blame")
+    assert run.decisions() == [("restart", "rank_hung")]
