@@ -29,7 +29,7 @@ DECLARED = "incident/declared"
 AT = "incident/at"  # wall-clock seconds of the first declaration
 CLOSING = "incident/closing"
 MEMBERS = "incident/members"  # the node ranks whose summaries count, fixed once
-WAIT = 2.0  # seconds a node waits for the others' summaries after publishing its own
+WAIT = 2.0  # seconds a node waits for the others' summaries after publishing its own, at least
 CLOSE_WAIT = 5.0  # seconds a node waits for the node that fixes the members to write them
 
 
@@ -70,7 +70,8 @@ async def exchange(
     board: Board, node_rank: int, nnodes: int, payload: bytes, *, wait: float = WAIT
 ) -> dict[int, bytes]:
     """Publish this node's summary; every node's that counts, by node rank (the same
-    set on every node), within ``wait`` s (plus the members' fixing)."""
+    set on every node), within ``wait`` s (plus the members' fixing): as soon as every
+    node's is in, or at the bound, whatever is in then."""
     await board.set(summary_key(node_rank), payload)
     keys = [summary_key(r) for r in range(nnodes)]
     await board.wait(keys, wait)  # every node's, or the bound: either way the members are fixed next

@@ -41,6 +41,9 @@ def deadline_missed(gen: Generation, hang: Hang, *, failing: bool, clock: Clock,
     gen.missed_deadline(hang, clock.monotonic())
 
 
+READ_BOUND = bundle.SUMMARY_TIMEOUT  # seconds the dumps' reading may add to the gather
+
+
 @dataclass
 class Collected:
     """What was taken from the live ranks before the kill, by local rank."""

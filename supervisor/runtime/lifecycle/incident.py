@@ -69,7 +69,8 @@ async def examine(
     summary = summarize_node(job_gen.node_rank, node, f"generation {gen.number}", gen.number,
                              _evidence(gen, collected))  # fmt: skip
     try:
-        got = await incidents.exchange(board, job_gen.node_rank, job_gen.nnodes, encode(summary))
+        got = await incidents.exchange(board, job_gen.node_rank, job_gen.nnodes, encode(summary),
+                                       wait=_wait(ft, declared_at, clock))  # fmt: skip
     except JobOver:
         await name_hung(None)
         return True, None
@@ -119,6 +120,15 @@ async def _declared(
         return await incidents.declared(board)
     except JobOver:
         return None
+
+
+def _wait(ft: FtConfig, declared_at: float, clock: Clock) -> float:
+    """How long this node waits for the others' summaries: until every node may have
+    gathered its own (the bundle's bound, counted from the first declaration) and
+    ``incidents.WAIT`` more, and never less than that: a node still gathering within
+    its bound is not taken for a silent one (its healthy ranks would be blamed)."""
+    gathered_by = declared_at + max(ft.stack_dump_timeout, ft.bundle_timeout) + hangs.READ_BOUND
+    return max(incidents.WAIT, gathered_by + incidents.WAIT - clock.wall())
 
 
 def _found(verdict: JobBlame, here: tuple[int, ...], local: dict[int, int]) -> Blame:
