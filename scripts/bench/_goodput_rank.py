@@ -12,8 +12,11 @@ faults, each fired once whatever the launcher calls its generations.
     (torchrun, which has no hang detection but the collective timeout).
 --pg-timeout S          the process group's collective timeout, the same under every
     launcher: torchrun's only way out of a hang.
---events FILE           one JSON line per milestone, wall clock: first_step (per rank
-    and generation), fault, done.
+--memory-snapshots      (with --client ft) ``client.snapshot`` of the training state
+    after every step, and ``client.resume(disk_step)`` at start: the newer of the memory
+    snapshot and the disk one (--save-every apart) is where the generation resumes.
+--events FILE           one JSON line per milestone, wall clock: resumed (per rank and
+    generation: the step it resumes from, and from where), first_step, fault, done.
 """
 
 from __future__ import annotations
@@ -76,13 +79,21 @@ class Client:
         if self.kind == "ft":
             self._ft.report_checkpoint("saved")
 
+    def snapshot(self, state: dict[str, Any], step: int) -> bool:
+        return bool(self._ft.snapshot(state, step))
+
+    def resume(self, disk_step: int | None) -> tuple[str, int | None, dict[str, Any] | None]:
+        """Where to resume: (source, step, the memory snapshot's state when chosen)."""
+        r = self._ft.resume(disk_step, disk_loaded=disk_step is not None)
+        return r.choice.source, r.choice.step, r.state
+
     def close(self) -> None:
         if self._nvrx is not None:
             self._nvrx.shutdown_workload_monitoring()
 
 
 class Job:
-    def __init__(self, a: argparse.Namespace) -> None:
+    def __init__(self, a: argparse.Namespace, client: Client) -> None:
         self.a = a
         self.rank = dist.get_rank()
         self.generation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -93,11 +104,25 @@ class Job:
         )
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
         self.steps_run = 0
+        source = "none"
         if a.snapshot.exists():
-            snap = torch.load(a.snapshot, map_location="cpu")
-            self.model.module.load_state_dict(snap["model"])
-            self.optimizer.load_state_dict(snap["optimizer"])
-            self.steps_run = snap["steps_run"]
+            self._load(torch.load(a.snapshot, map_location="cpu"))
+            source = "disk"
+        if a.memory_snapshots:
+            chosen, _, state = client.resume(self.steps_run if source == "disk" else None)
+            if chosen == "memory" and state is not None:
+                self._load(state)
+                source = "memory"
+        self.milestone("resumed", step=self.steps_run, source=source)
+
+    def _load(self, snap: dict[str, Any]) -> None:
+        self.model.module.load_state_dict(snap["model"])
+        self.optimizer.load_state_dict(snap["optimizer"])
+        self.steps_run = int(snap["steps_run"])
+
+    def state(self) -> dict[str, Any]:
+        return {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "steps_run": self.steps_run}  # fmt: skip
 
     def milestone(self, what: str, **fields: object) -> None:
         line = {"event": what, "t": time.time(), "rank": self.rank, "generation": self.generation, **fields}
@@ -149,9 +174,10 @@ class Job:
             if first:
                 self.milestone("first_step", step=step)
                 first = False
+            if self.a.memory_snapshots:
+                client.snapshot(self.state(), self.steps_run)
             if self.rank == 0 and self.steps_run % self.a.save_every == 0:
-                snap = {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                        "steps_run": self.steps_run}  # fmt: skip
+                snap = self.state()
                 tmp = self.a.snapshot.with_name(self.a.snapshot.name + ".tmp")
                 torch.save(snap, tmp)
                 os.replace(tmp, self.a.snapshot)
@@ -170,11 +196,14 @@ def main(argv: list[str]) -> None:
     p.add_argument("--client", choices=["ft", "nvrx", "none"], default="none")
     p.add_argument("--pg-timeout", type=float, default=30.0)
     p.add_argument("--events", type=Path, required=True)
+    p.add_argument("--memory-snapshots", action="store_true", help="client.snapshot every step (--client ft)")
     a = p.parse_args(argv)
+    if a.memory_snapshots and a.client != "ft":
+        p.error("--memory-snapshots needs --client ft")
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.pg_timeout))
     client = Client(a.client)
     try:
-        job = Job(a)
+        job = Job(a, client)
         job.train(client)
         job.milestone("done", steps=job.steps_run)
     finally:

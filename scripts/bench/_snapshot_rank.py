@@ -6,6 +6,9 @@ Under a daemon (``ft-supervisor run``) it calls ``client.snapshot`` / ``client.r
 run by hand, the slot layer (``supervisor.client.snapshot_slots``) in this process: the
 same flattening, copy into a mapped slot file in /dev/shm and background checksum, minus
 the round trip to a daemon and its records. ``--json PATH`` writes what it measured.
+``--no-snapshots``: the same steps without a snapshot (the daemon's memory without them).
+After each size, under a daemon, the host RAM its two slot files hold (tmpfs pages in
+/dev/shm, shared with the rank's mapping: counted once).
 """
 
 from __future__ import annotations
@@ -132,6 +135,20 @@ def step(a: torch.Tensor, reps: int, state: dict[str, Any]) -> None:
     state["loader"]["position"] += 1
 
 
+def slot_ram() -> dict[str, int] | None:
+    """The bytes this rank's slot files hold in RAM (allocated tmpfs pages) and their sizes,
+    as the daemon made them; None when no snapshot went through a daemon."""
+    from supervisor.client import snapshots  # noqa: PLC0415
+
+    held = snapshots._Current.snapshots  # the bench reads the client's slot paths
+    paths = [slot.path for slot in held.slots if slot.path] if held is not None else []
+    if not paths:
+        return None
+    stats = [os.stat(path) for path in paths]
+    return {"files": len(stats), "ram": sum(st.st_blocks * 512 for st in stats),
+            "size": sum(st.st_size for st in stats)}  # fmt: skip
+
+
 def measure(size: int, rounds: int, steps: int, step_s: float, snap: Any) -> dict[str, Any]:
     state = make_state(size)
     a, reps = calibrate(step_s)
@@ -162,6 +179,7 @@ def measure(size: int, rounds: int, steps: int, step_s: float, snap: Any) -> dic
         "snapshot_p99": steady[min(len(steady) - 1, round(0.99 * (len(steady) - 1)))],
         "step_without": statistics.median(plain),
         "step_with": statistics.median(with_snap),
+        "slots": slot_ram(),
     }
 
 
@@ -173,6 +191,7 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=200.0)
     ap.add_argument("--restore-mb", type=int, default=1024)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-snapshots", action="store_true", help="the same steps, no snapshot")
     args = ap.parse_args()
     daemon = client.is_active()
     directory = Path(tempfile.mkdtemp(prefix="ft-snapshot-bench-", dir="/dev/shm"))
@@ -180,6 +199,9 @@ def main() -> None:
     results: dict[str, Any] = {"through": "daemon" if daemon else "slot layer", "sizes": []}
     try:
         snap = client.snapshot if daemon else layer.snapshot
+        if args.no_snapshots:
+            snap, args.restore_mb = (lambda state, step: False), 0
+            results["through"] = "no snapshots"
         for mb in (int(s) for s in args.sizes.split(",")):
             results["sizes"].append(measure(mb * MB, args.rounds, args.steps, args.step_ms / 1000, snap))
         if args.restore_mb:

@@ -1,12 +1,14 @@
 """Goodput benchmark: one training job through a fixed schedule of faults, under
-ft-supervisor, torchrun (as shipped, and with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
-and NVIDIA's ft_launcher, side by side.
+ft-supervisor (with disk snapshots alone, and with memory snapshots every step), torchrun
+(as shipped, and with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) and NVIDIA's ft_launcher, side
+by side.
 
 How to run (from the repository root, in the project's virtualenv)::
 
-    .venv/bin/python scripts/bench/goodput.py                  # 3 runs of each, ~25 min
+    .venv/bin/python scripts/bench/goodput.py                  # 3 runs of each, ~30 min
     .venv/bin/python scripts/bench/goodput.py --runs 5 --out /tmp/goodput
     .venv/bin/python scripts/bench/goodput.py --launchers ft,ft_launcher --quick
+    .venv/bin/python scripts/bench/goodput.py --launchers ft,ft-snap --step-time 0.1  # issue 25
 
 The first run creates ``.bench/nvrx-venv`` (nvidia-resiliency-ext from PyPI, torch
 pinned to the CPU build through constraints.txt) for ft_launcher and its ranks:
@@ -22,6 +24,13 @@ a Python exception at step 5 (0.25 s in: before any standby can be ready), a han
 (the rank sleeps; its peer waits in the all-reduce), an exception carrying NCCL's
 watchdog-timeout message, and a SIGKILL, each exactly once (a marker file per
 fault), whatever the launcher calls its generations.
+
+``ft-snap`` is ft-supervisor with the state also held in the daemon's memory:
+``client.snapshot(state, step)`` after every step, ``client.resume(disk_step)`` at start
+(the newer of that and the disk snapshot), disk snapshots every ``--snap-save-every``
+steps (100) instead of ``--save-every``. Each rank says where it resumed from (step and
+source), so the table gives the steps each fault made the job redo: the step the fault
+fired at (steps done) less the step the next generation resumed from.
 
 Every launcher gets the same limits: ``--max-restarts`` = faults + 1; heartbeats
 every step with a 5 s heartbeat timeout (``--hb-timeout``) and 60 s before the
@@ -60,7 +69,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -70,24 +78,17 @@ from _common import (
     become_subreaper,
     descendants,
     error_message,
-    fmt,
     install_stop_handlers,
-    median,
     process_table,
     read_jsonl,
 )
+from _goodput_report import LABELS, report
 
 REPO = Path(__file__).resolve().parents[2]
 RANK_SCRIPT = REPO / "scripts" / "bench" / "_goodput_rank.py"
 NVRX_VENV = REPO / ".bench" / "nvrx-venv"
 NPROC = 2
-LAUNCHERS = ("ft", "torchrun", "torchrun-noshare", "ft_launcher")
-LABELS = {
-    "ft": "ft-supervisor",
-    "torchrun": "torchrun",
-    "torchrun-noshare": "torchrun (noshare)",
-    "ft_launcher": "ft_launcher (NVRx)",
-}
+LAUNCHERS = ("ft", "ft-snap", "torchrun", "torchrun-noshare", "ft_launcher")
 NOSHARE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 TREE_EVERY = 0.5  # seconds between whole-tree PSS samples
 
@@ -99,6 +100,7 @@ class Settings:
     steps: int
     step_time: float
     save_every: int
+    snap_save_every: int  # ft-snap's disk interval: memory snapshots every step between
     faults: str
     hb_timeout: float
     pg_timeout: float
@@ -106,10 +108,15 @@ class Settings:
     out: Path
     python: Path  # ours: ft-supervisor and torchrun
     nvrx_python: Path | None
+    clean: bool = True  # also the fault-free runs (each launcher's ceiling)
 
     @property
     def fault_count(self) -> int:
         return len([f for f in self.faults.split(",") if f.strip()])
+
+    @property
+    def nproc(self) -> int:
+        return NPROC
 
     @property
     def work_s(self) -> float:
@@ -128,6 +135,9 @@ class RunResult:
     wall_s: float = 0.0
     goodput: float = 0.0
     downtimes: list[float | None] = field(default_factory=list)
+    resumed: list[tuple[int, str] | None] = field(default_factory=list)  # per fault: step, source
+    redone: list[int | None] = field(default_factory=list)  # per fault: its step less the resumed one
+    mixed: list[str] = field(default_factory=list)  # ranks of one generation that resumed apart
     restarts: int = 0
     launcher_hwm_kb: int = 0
     tree_pss_kb: int = 0
@@ -153,11 +163,12 @@ def ensure_nvrx_venv(python: str = sys.executable) -> Path:
     return py
 
 
-def rank_args(s: Settings, run_dir: Path, faulted: bool, client: str) -> list[str]:
+def rank_args(s: Settings, run_dir: Path, faulted: bool, client: str, memory: bool = False) -> list[str]:
     (run_dir / "faults").mkdir()
+    save_every = s.snap_save_every if memory else s.save_every
     return [
-        str(RANK_SCRIPT),
-        "--steps", str(s.steps), "--step-time", str(s.step_time), "--save-every", str(s.save_every),
+        str(RANK_SCRIPT), *(["--memory-snapshots"] if memory else []),
+        "--steps", str(s.steps), "--step-time", str(s.step_time), "--save-every", str(save_every),
         "--snapshot", str(run_dir / "snapshot.pt"), "--fault-dir", str(run_dir / "faults"),
         "--faults", s.faults if faulted else "", "--client", client,
         "--pg-timeout", str(s.pg_timeout), "--events", str(run_dir / "events.jsonl"),
@@ -175,9 +186,9 @@ def launcher_argv(name: str, s: Settings, run_dir: Path, faulted: bool) -> list[
         "--ft-initial-rank-heartbeat-timeout", "60",
     ]  # fmt: skip
     bin_dir = s.python.parent
-    if name == "ft":
+    if name in ("ft", "ft-snap"):
         return [str(bin_dir / "ft-supervisor"), "run", *common, "--log-dir", str(run_dir / "logs"), *hb,
-                *rank_args(s, run_dir, faulted, "ft")]  # fmt: skip
+                *rank_args(s, run_dir, faulted, "ft", memory=name == "ft-snap")]  # fmt: skip
     if name in ("torchrun", "torchrun-noshare"):
         return [str(bin_dir / "torchrun"), *common, *rank_args(s, run_dir, faulted, "none")]
     assert s.nvrx_python is not None
@@ -229,85 +240,26 @@ def analyse(r: RunResult, run_dir: Path, s: Settings) -> None:
     r.ok = len(done) == NPROC and r.exit_code == 0 and not r.timed_out
     r.goodput = s.work_s / r.wall_s if r.ok and r.wall_s > 0 else 0.0
     firsts = [e for e in events if e["event"] == "first_step"]
+    resumes = [e for e in events if e["event"] == "resumed"]
     r.restarts = max(0, len({e["generation"] for e in firsts}) - 1)
     for fault in sorted((e for e in events if e["event"] == "fault"), key=lambda e: e["index"]):
         after = [e for e in firsts if e["t"] > fault["t"]]
         gens = sorted({e["generation"] for e in after})
         stepping = [e["t"] for e in after if gens and e["generation"] == gens[0]]
         r.downtimes.append(max(stepping) - fault["t"] if len(stepping) == NPROC else None)
+        # where the next generation resumed: every rank must say the same step
+        came = [e for e in resumes if e["t"] > fault["t"] and gens and e["generation"] == gens[0]]
+        steps = {(e["step"], e["source"]) for e in came}
+        if len(steps) > 1:
+            r.mixed.append(f"after fault {fault['index']} the ranks resumed apart: {sorted(steps)}")
+        first = min(steps) if steps else None
+        r.resumed.append(first)
+        r.redone.append(fault["step"] - first[0] if first is not None else None)
     if not r.ok:
         output = (run_dir / "launcher.out").read_text(errors="replace")
         last = [ln for ln in output.splitlines() if ln.strip()][-1:] or ["(no output)"]
         said = f"exit {r.exit_code}, {len(done)}/{NPROC} ranks done: {last[0][:200]}"
         r.failure = f"timed out after {s.timeout:.0f} s" if r.timed_out else error_message(run_dir) or said
-
-
-# -- the table -----------------------------------------------------------------------------
-
-
-def by(results: Iterable[RunResult], name: str, faulted: bool) -> list[RunResult]:
-    return [r for r in results if r.launcher == name and r.faulted == faulted]
-
-
-def goodput_median(rs: list[RunResult]) -> float | None:
-    return median(r.goodput for r in rs) if rs else None
-
-
-def ratio(a: float | None, b: float | None) -> str:
-    return "n/a" if a is None or not b else f"{a / b:.2f}x"
-
-
-def table(results: list[RunResult], s: Settings) -> str:
-    faulted = {n: goodput_median(by(results, n, True)) for n in s.launchers}
-    clean = {n: goodput_median(by(results, n, False)) for n in s.launchers}
-    nvrx = faulted.get("ft_launcher")
-    torchrun = faulted.get("torchrun") or faulted.get("torchrun-noshare")
-    rows = [
-        "| launcher | run | finished | wall s | goodput | of its fault-free | vs ft_launcher | vs torchrun "
-        "| downtime per fault s | restarts | launcher peak RSS MiB | tree peak PSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name in s.launchers:
-        for is_faulted in (True, False):
-            rs = by(results, name, is_faulted)
-            if not rs:
-                continue
-            g = faulted[name] if is_faulted else clean[name]
-            downs = [median(r.downtimes[i] for r in rs if i < len(r.downtimes)) for i in range(s.fault_count)]
-            rows.append(
-                f"| {LABELS[name]} | {'faults' if is_faulted else 'fault-free'} "
-                f"| {sum(r.ok for r in rs)}/{len(rs)} | {fmt(median(r.wall_s for r in rs if r.ok), 1)} "
-                f"| {fmt(g, 3)} | {ratio(g, clean[name]) if is_faulted else '1.00x'} "
-                f"| {ratio(g, nvrx) if is_faulted and name != 'ft_launcher' else ''} "
-                f"| {ratio(g, torchrun) if is_faulted and not name.startswith('torchrun') else ''} "
-                f"| {' / '.join(fmt(x) for x in downs) if is_faulted else ''} "
-                f"| {fmt(median(r.restarts for r in rs), 0)} "
-                f"| {fmt(median(r.launcher_hwm_kb / 1024 for r in rs if r.launcher_hwm_kb), 1)} "
-                f"| {fmt(median(r.tree_pss_kb / 1024 for r in rs if r.tree_pss_kb), 0)} |"
-            )
-    return "\n".join(rows)
-
-
-def report(results: list[RunResult], s: Settings) -> None:
-    print(table(results, s))
-    print()
-    print(
-        f"{NPROC} ranks, {s.steps} steps x {s.step_time * 1000:.0f} ms ({s.work_s:.0f} s of work), "
-        f"a snapshot every {s.save_every} steps; faults on rank 1: {s.faults}. "
-        f"Heartbeat timeout {s.hb_timeout:g} s "
-        f"(ft-supervisor, ft_launcher), collective timeout {s.pg_timeout:g} s (all), max restarts "
-        f"{s.fault_count + 1}. Medians of {s.runs} run(s); goodput = work / wall (0 for a run that did not "
-        f"finish). Downtime: the fault -> every rank stepping again, per fault in schedule order.\n"
-        f"Artifacts: {s.out}"
-    )
-    notes = [f"- {LABELS[r.launcher]} ({'faults' if r.faulted else 'fault-free'}) run {r.index} did not "
-             f"finish: {r.failure}" for r in results if not r.ok]  # fmt: skip
-    notes += [f"- {LABELS[r.launcher]} run {r.index} left processes behind: {'; '.join(r.leftovers)}"
-              for r in results if r.leftovers and not r.timed_out]  # fmt: skip
-    if notes:
-        print()
-        print("\n".join(notes))
-    sys.stdout.flush()
 
 
 # -- main ----------------------------------------------------------------------------------
@@ -320,18 +272,21 @@ def parse_args(argv: list[str] | None) -> Settings:
     p.add_argument("--launchers", default=",".join(LAUNCHERS), help=f"a subset of {','.join(LAUNCHERS)}")
     p.add_argument("--steps", type=int, default=None, help="steps of the job (default 400)")
     p.add_argument("--step-time", type=float, default=0.05)
-    p.add_argument("--save-every", type=int, default=20)
+    p.add_argument("--save-every", type=int, default=20, help="disk snapshots, every N steps")
+    p.add_argument("--snap-save-every", type=int, default=100,
+                   help="ft-snap's disk snapshots, every N steps (memory snapshots every step)")  # fmt: skip
     p.add_argument("--faults", default=None, help="STEP:raise|hang|nccl|sigkill,... (see the rank script)")
     p.add_argument("--hb-timeout", type=float, default=5.0)
     p.add_argument("--pg-timeout", type=float, default=30.0)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a run is stopped")
     p.add_argument("--out", type=Path, default=None, help="artifact directory (default: a fresh tempdir)")
+    p.add_argument("--no-clean", action="store_true", help="only the faulted runs (steps redone per fault)")
     a = p.parse_args(argv)
     launchers = tuple(x.strip() for x in a.launchers.split(",") if x.strip())
     if not launchers or any(x not in LAUNCHERS for x in launchers):
         p.error(f"--launchers {a.launchers!r}: choose from {', '.join(LAUNCHERS)}")
     bin_dir = Path(sys.executable).parent
-    for tool, users in (("ft-supervisor", {"ft"}), ("torchrun", {"torchrun", "torchrun-noshare"})):
+    for tool, users in (("ft-supervisor", {"ft", "ft-snap"}), ("torchrun", {"torchrun", "torchrun-noshare"})):
         if users & set(launchers) and not (bin_dir / tool).exists():
             p.error(f"{bin_dir / tool} not found: run with the project's .venv/bin/python")
     out = a.out or Path(tempfile.mkdtemp(prefix="ft-bench-goodput-"))
@@ -343,9 +298,9 @@ def parse_args(argv: list[str] | None) -> Settings:
     nvrx = ensure_nvrx_venv() if "ft_launcher" in launchers else None
     return Settings(
         runs=a.runs or (1 if quick else 3), launchers=launchers, steps=a.steps or (200 if quick else 400),
-        step_time=a.step_time, save_every=a.save_every, faults=faults, hb_timeout=a.hb_timeout,
-        pg_timeout=a.pg_timeout, timeout=a.timeout, out=out.resolve(), python=Path(sys.executable),
-        nvrx_python=nvrx,
+        step_time=a.step_time, save_every=a.save_every, snap_save_every=a.snap_save_every, faults=faults,
+        hb_timeout=a.hb_timeout, pg_timeout=a.pg_timeout, timeout=a.timeout, out=out.resolve(),
+        python=Path(sys.executable), nvrx_python=nvrx, clean=not a.no_clean,
     )  # fmt: skip
 
 
@@ -357,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     try:
         for index in range(1, s.runs + 1):
-            for faulted in (True, False):
+            for faulted in (True, False) if s.clean else (True,):
                 for name in s.launchers:
                     r = run_once(name, faulted, index, s)
                     results.append(r)

@@ -21,6 +21,12 @@ the difference and the slowdown; then ``client.restore()`` of
 owns the slot files: ``snapshot_begin`` round trip included); ``--layer slots`` runs it by
 hand, on slot files of its own in /dev/shm: the same flattening, copy and background
 checksum, without the daemon's round trip and records. The table says which.
+
+Memory (``--layer daemon``): after each size the host RAM of the rank's two slot files
+(their allocated tmpfs pages, which the rank's mapping shares: counted once), and the
+daemon's own peak RSS (VmHWM of the ``ft-supervisor run`` process) against a second run of
+the same steps without a snapshot (``--no-snapshots`` to the rank; ``--no-baseline`` skips
+it). Replicas on a peer node are not in this build yet: their column says so.
 """
 
 from __future__ import annotations
@@ -43,11 +49,12 @@ REPO = HERE.parents[1]
 FT = str(Path(sys.executable).parent / "ft-supervisor")
 
 
-def run_rank(args: argparse.Namespace, out: Path) -> dict[str, Any] | None:
+def run_rank(args: argparse.Namespace, out: Path, *, snapshots: bool = True) -> dict[str, Any] | None:
+    out.mkdir(parents=True, exist_ok=True)
     result = out / "result.json"
     rank_args = ["--sizes", args.sizes, "--rounds", str(args.rounds), "--steps", str(args.steps),
                  "--step-ms", str(args.step_ms), "--restore-mb", str(args.restore_mb),
-                 "--json", str(result)]  # fmt: skip
+                 "--json", str(result), *([] if snapshots else ["--no-snapshots"])]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(REPO))
     if args.layer == "slots":
         env = {k: v for k, v in env.items() if not k.startswith("FT_SUPERVISOR_")}
@@ -65,7 +72,25 @@ def run_rank(args: argparse.Namespace, out: Path) -> dict[str, Any] | None:
         ok = launcher.run.exit_code == 0
         if not ok:
             print(f"the run in {out} failed: exit {launcher.run.exit_code}", file=sys.stderr)
+        elif result.exists():
+            measured = json.loads(result.read_text())
+            measured["daemon_hwm_kb"] = launcher.run.peak_hwm_kb
+            result.write_text(json.dumps(measured, indent=1))
     return json.loads(result.read_text()) if ok and result.exists() else None
+
+
+def memory_table(r: dict[str, Any], without: dict[str, Any] | None) -> str:
+    mib = 2**20
+    rows = ["| state | slot files per rank (two slots): RAM | their size | replica | daemon peak RSS, "
+            "with snapshots | without |", "|---|---|---|---|---|---|"]  # fmt: skip
+    base = f"{without['daemon_hwm_kb'] / 1024:.1f} MiB" if without and without.get("daemon_hwm_kb") else "-"
+    for s in r["sizes"]:
+        slots = s.get("slots") or {}
+        ram = f"{slots['ram'] / mib:.0f} MiB" if slots else "-"
+        size = f"{slots['size'] / mib:.0f} MiB" if slots else "-"
+        rows.append(f"| {s['bytes'] / mib:.0f} MB | {ram} | {size} | not yet (replication not in this build) "
+                    f"| {r['daemon_hwm_kb'] / 1024:.1f} MiB | {base} |")  # fmt: skip
+    return "\n".join(rows)
 
 
 def table(r: dict[str, Any], step_ms: float) -> str:
@@ -100,14 +125,19 @@ def main() -> None:
     ap.add_argument("--snapshot-memory", default="0.5", help="the daemon's budget (--layer daemon)")
     ap.add_argument("--timeout", type=float, default=1200.0)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--no-baseline", action="store_true", help="skip the run without snapshots")
     args = ap.parse_args()
     become_subreaper()
     out = args.out or Path(tempfile.mkdtemp(prefix="ft-bench-snapshots-"))
     out.mkdir(parents=True, exist_ok=True)
-    result = run_rank(args, out)
+    result = run_rank(args, out / "snapshots")
     if result is None:
         sys.exit(1)
     print(table(result, args.step_ms))
+    if args.layer == "daemon":
+        without = None if args.no_baseline else run_rank(args, out / "without", snapshots=False)
+        print()
+        print(memory_table(result, without))
 
 
 if __name__ == "__main__":

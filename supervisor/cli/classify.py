@@ -8,7 +8,10 @@ offline, for SREs writing rules and for post-mortems.
   run ended on, or that it succeeded and the last failure it recovered from. A
   run id's directory holds one run directory per daemon started with that id
   (each attempt of an auto-resumed job): each is judged, oldest first.
-  ``--check`` compares with the run's reason.json and exits 1 if they disagree;
+  ``--check`` compares with the run's reason.json and exits 1 if they disagree.
+  Several run directories (every node's of one job, in any order) also get one
+  verdict for the job: its root rank and node (``supervisor.postmortem.job``);
+  with ``--check``, nodes whose job_blame differ exit 1 too;
 * rank logs, torchelastic error files (``*.json``) and launcher logs (torchrun's,
   ft_launcher's: told apart by what they print, or named with ``--agent-log``),
   and ``--dmesg`` kernel logs: classified together as one failure, with the
@@ -218,12 +221,18 @@ def _classify(ns: argparse.Namespace) -> int:
     out: list[dict[str, Any]] = []
     text: list[str] = []
     agree = True
+    judged = []
     for run_dir in runs:
         replayed = judge_run(run_dir, settings)
+        judged.append(replayed)
         differ = _check(replayed, run_dir) if ns.check else None
         agree = agree and not differ
         out.append(run_json(replayed, differ))
         text.append(render_run(replayed, differ))
+    job = _job(judged) if len(judged) > 1 else None
+    if job is not None:
+        text.append(job[1])
+        agree = agree and (job[0]["agree"] or not ns.check)
     found = _classify_files(ns, settings, files) if files or ns.dmesg or ns.agent_log else None
     if found is not None:
         text.append(found[1])
@@ -233,10 +242,19 @@ def _classify(ns: argparse.Namespace) -> int:
         print(orjson.dumps(out[0], option=orjson.OPT_INDENT_2).decode())
     elif found is not None and not out:
         print(orjson.dumps(found[0], option=orjson.OPT_INDENT_2).decode())
-    else:  # several: each run directory, and the files' failure
-        document = {"runs": out, **({"files": found[0]} if found is not None else {})}
+    else:  # several: each run directory, the job's verdict, and the files' failure
+        document = {"runs": out, **({"job": job[0]} if job is not None else {}),
+                    **({"files": found[0]} if found is not None else {})}  # fmt: skip
         print(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode())
     return 0 if agree else 1
+
+
+def _job(judged: list[ReplayedRun]) -> tuple[dict[str, Any], str]:
+    """Every node's run directory of one job: its one verdict (JSON, text)."""
+    from supervisor.postmortem.job import job_verdict, node_runs, render  # noqa: PLC0415 - see the imports
+
+    verdict = job_verdict(node_runs(judged))
+    return verdict.to_json(), render(verdict)
 
 
 def _check(replayed: ReplayedRun, run_dir: Path) -> list[str]:

@@ -31,6 +31,7 @@ from supervisor.client.connection import STACK_SIGNAL as STACK_SIGNAL
 from supervisor.client.connection import current as _get
 from supervisor.client.connection import held as _held
 from supervisor.client.connection import init, is_active, shutdown
+from supervisor.client.resuming import Resumed, resume
 from supervisor.client.saver import SaveCallback, Saver, SaveRequest
 from supervisor.client.snapshots import restore, snapshot
 from supervisor.client.timing import ddp_hook
@@ -39,6 +40,7 @@ from supervisor.transport.messages import RequestAction
 
 __all__ = [
     "RequestAction",
+    "Resumed",
     "SaveRequest",
     "SetupError",
     "advised_checkpoint_interval",
@@ -56,6 +58,7 @@ __all__ = [
     "report_iteration",
     "request",
     "restore",
+    "resume",
     "section",
     "shutdown",
     "snapshot",

@@ -49,6 +49,10 @@ Arguments, with nvidia-resiliency-ext's meaning:
   ``WorkloadControlRequest`` it returns (nvidia-resiliency-ext's or
   ``supervisor.client.nvrx``'s) goes to the daemon, and ``ShutdownWorkload``
   also creates the finished flag.
+
+Ours, keyword-only: ``snapshot_every_n_steps`` (None: off) hands the training state to
+the daemon's memory every n optimizer steps and restores it when a fit starts, the newer
+of it and ``ckpt_path``'s checkpoint winning (``_lightning_snapshots``).
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ from supervisor.client._lightning_phase import (
     finished_flag_path,
     simulated_fault,
 )
+from supervisor.client._lightning_snapshots import _Snapshotting
 
 __all__ = ["FINISHED_FLAG_ENV", "FaultToleranceCallback", "FaultToleranceSectionsCallback"]
 
@@ -121,7 +126,7 @@ def _rebuild(cls: type[_Reporter], state: dict[str, Any]) -> _Reporter:
     return obj
 
 
-class _Reporter:
+class _Reporter(_Snapshotting):
     """The hooks of both callbacks; ``__new__`` makes the instance a Lightning callback."""
 
     heartbeats: ClassVar[bool] = True
@@ -145,6 +150,8 @@ class _Reporter:
         exp_dir: str | os.PathLike[str] | None = None,
         logger_name: str | None = DEFAULT_LOGGER,
         exc_handling_policy: ExcHandlingPolicy | None = None,
+        *,
+        snapshot_every_n_steps: int | None = None,
     ) -> None:
         self.logger = logging.getLogger(logger_name)
         self.autoresume = autoresume
@@ -165,6 +172,7 @@ class _Reporter:
         self._phase = _TrainingPhase()
         self._finished_flag: Path | None = None
         self._async_saves = False
+        self._init_snapshots(snapshot_every_n_steps)
 
     # -- Lightning's hooks ---------------------------------------------------------------
 
@@ -192,6 +200,7 @@ class _Reporter:
         self, trainer: Any, pl_module: Any, outputs: object, batch: object, batch_idx: int
     ) -> None:
         self._apply(self._phase.batch_end(trainer.global_step))
+        self._snapshot_after_batch(trainer, pl_module)
         if self.calculate_timeouts and not self.heartbeats:
             ask = self._phase.section_calculation(final=False, async_saves=self._async_saves)
             self._calculate(trainer, ask)

@@ -8,10 +8,13 @@ Megatron-LM and Megatron-Bridge call theirs::
     ft.setup(save_dir=args.save)                 # opens `setup`
     ft.maybe_setup_simulated_fault()             # FT_SIM_FAULT_DESC, for tests
     load_checkpoint(...); ft.on_checkpoint_loaded(is_local_chkpt=False)
+    held = ft.restore(disk_iteration=iteration, disk_loaded=True)   # memory, when newer
+    if held is not None:
+        iteration, state = held; load_state(state)
     while training:
         ft.on_training_step_start(iteration)     # closes `setup`, opens `step`
         train_step()
-        ft.on_training_step_end()                # closes `step`
+        ft.on_training_step_end(snapshot=state_dict)   # closes `step`; snapshot: optional
         if evaluating:
             for batch in valid:
                 ft.on_eval_step_start(); eval_step(); ft.on_eval_step_end()
@@ -52,6 +55,11 @@ Differences from Megatron's hooks, on purpose:
 * ``on_checkpointing_end(is_async_finalization=False)`` reports a completed
   save to the daemon; a persistent (non-local) load reports a load.
 * ``abort()`` stops monitoring without writing the state file (Bridge's abort).
+* Ours: ``on_training_step_end(snapshot=...)`` hands the state after the step (a mapping, or
+  a function that returns one, called only while monitored) to the daemon's memory
+  (``client.snapshot``) as that of iteration ``iteration + 1``, the number Megatron saves a
+  checkpoint under; ``restore(disk_iteration=...)`` returns it when it is newer than the
+  disk checkpoint (``client.resume``: the choice is one line on stderr).
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,6 +88,7 @@ __all__ = [
     "on_eval_step_start",
     "on_training_step_end",
     "on_training_step_start",
+    "restore",
     "setup",
     "shutdown",
 ]
@@ -87,6 +97,9 @@ STATE_FILE = "ft_state.json"
 SETUP, STEP, CHECKPOINTING = "setup", "step", "checkpointing"
 
 logger = logging.getLogger(__name__)
+
+# what on_training_step_end(snapshot=) takes: the state, or a function that builds it
+SnapshotArg = Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None
 
 
 @dataclass
@@ -97,6 +110,7 @@ class _State:
     is_rank0: bool
     setup_open: bool = True
     train_iters: int = 0  # training steps seen by this process
+    iteration: int = 0  # the running step's iteration (Megatron's, else train_iters)
     eval_iter: int = 0  # index in the current evaluation round
 
 
@@ -160,16 +174,39 @@ def on_training_step_start(iteration: int | None = None) -> None:
         return
     _close_setup(s)
     s.eval_iter = 0  # training resumed: the next evaluation is a new round
-    client.report_iteration(s.train_iters if iteration is None else iteration)
+    s.iteration = s.train_iters if iteration is None else iteration
+    client.report_iteration(s.iteration)
     s.cli.start_section(STEP)
 
 
-def on_training_step_end() -> None:
+def on_training_step_end(snapshot: SnapshotArg = None) -> None:
+    """After a training step: close ``step``.
+
+    ``snapshot``: the training state after this step (model, optimizer, RNG, data position:
+    what ``restore()`` is to give back), or a function that returns it, called only while
+    monitored; held in the daemon's memory as iteration ``iteration + 1``. None: no snapshot.
+    """
     s = _held.state
     if s is None:
         return
     s.cli.end_section(STEP)
     s.train_iters += 1
+    if snapshot is not None:
+        client.snapshot(snapshot() if callable(snapshot) else snapshot, s.iteration + 1)
+
+
+def restore(
+    disk_iteration: int | None = None, *, disk_loaded: bool = False
+) -> tuple[int, dict[str, Any]] | None:
+    """``(iteration, state)`` of the memory snapshot when it is newer than the disk checkpoint
+    at ``disk_iteration`` (None: there is none; ``disk_loaded``: it is already loaded, and wins
+    a tie), else None: resume from the disk checkpoint, or from the beginning. The choice is
+    one line on stderr (``client.resume``). Works before ``setup()`` too.
+    """
+    resumed = client.resume(disk_iteration, disk_loaded=disk_loaded)
+    if resumed.state is None or resumed.choice.step is None:
+        return None
+    return resumed.choice.step, resumed.state
 
 
 def on_eval_step_start() -> None:

@@ -49,8 +49,12 @@ What differs, on purpose:
 * No daemon (the script run by hand or under plain torchrun): every call is a
   no-op after the client's one warning, instead of NVRx's error.
 * Calls before ``init_workload_monitoring`` raise ``RankMonitorClientError`` as
-  in NVRx, except ``state_dict``, ``load_state_dict`` and
-  ``send_workload_control_request``.
+  in NVRx, except ``state_dict``, ``load_state_dict``,
+  ``send_workload_control_request`` and ``restore``.
+* Ours, beside NVRx's API: ``end_section("step", snapshot=(step, state))`` hands the
+  state after the step to the daemon's memory (``client.snapshot``), and
+  ``restore(disk_step)`` gives it back when it is newer than the disk checkpoint
+  (``client.resume``; the choice is one line on stderr).
 """
 
 from __future__ import annotations
@@ -174,12 +178,28 @@ class RankMonitorClient:
         client.start_section(section)
         self._open.add(section)
 
-    def end_section(self, section: str) -> None:
+    def end_section(self, section: str, *, snapshot: tuple[int, Mapping[str, Any]] | None = None) -> None:
+        """NVRx's; ours: ``snapshot=(step, state)``, the state after the section (a step)
+        handed to the daemon's memory, to be given back by ``restore``."""
         self._ensure_is_ready()
         client.end_section(section)
         if section in self._open:
             self._open.discard(section)
             self._closed.add(section)
+        if snapshot is not None:
+            step, state = snapshot
+            client.snapshot(state, step)
+
+    def restore(
+        self, disk_step: int | None = None, *, disk_loaded: bool = False
+    ) -> tuple[int, dict[str, Any]] | None:
+        """Ours: ``(step, state)`` of the memory snapshot when it is newer than the disk
+        checkpoint at ``disk_step`` (None: there is none; ``disk_loaded``: already loaded, it
+        wins a tie), else None. The choice is one line on stderr."""
+        resumed = client.resume(disk_step, disk_loaded=disk_loaded)
+        if resumed.state is None or resumed.choice.step is None:
+            return None
+        return resumed.choice.step, resumed.state
 
     def end_all_sections(self) -> None:
         self._ensure_is_ready()

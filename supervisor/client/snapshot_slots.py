@@ -1,11 +1,13 @@
 """The slot file of an in-memory snapshot: how a rank's state is laid out in the shared
-memory its daemon owns, written and read back. The daemon never parses it: it records a
-slot complete with the step, size and checksum the rank reports.
+memory its daemon owns, written and read back. The daemon records a slot complete with the
+step, size and checksum the rank reports; of the file it reads only the header's seal.
 
 Layout (all integers little-endian):
 
 * a 64-byte header: ``b"FTSNAP01"``, u64 length of the skeleton, u64 offset of the data
-  area, u64 step, zeros;
+  area, u64 step; the seal: u64 step + 1 and u64 bytes written, zero until the copy is
+  whole (``core.memory_snapshots.sealed``: what the daemon reads of a rank gone before its
+  done); zeros;
 * the skeleton: JSON describing the state: mappings, lists, numbers, strings, bools and
   None as themselves; a tensor as ``{"__tensor__": i, "dtype", "shape", "offset",
   "nbytes"}`` (offset into the data area, 64-byte aligned; numpy arrays add ``"kind":
@@ -30,7 +32,6 @@ import math
 import mmap
 import os
 import stat
-import struct
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,9 +40,8 @@ from typing import Any
 import orjson
 import xxhash
 
-MAGIC = b"FTSNAP01"
-HEADER = struct.Struct("<8sQQQ")  # magic, skeleton length, data offset, step
-HEADER_SIZE = 64
+from supervisor.core.memory_snapshots import HEADER, HEADER_SIZE, MAGIC, SEAL
+
 ALIGN = 64
 MAX_DEPTH = 256
 MARKERS = frozenset({"__tensor__", "__tuple__", "__map__", "__float__", "__bytes__", "__int__"})
@@ -187,6 +187,8 @@ class Writer:
                 for a in tensors:
                     start = p.data_offset + a.offset
                     whole[start : start + a.nbytes].view(a.value.dtype).view(a.value.shape).copy_(a.value)
+        # last: the copy is whole (a rank killed before this leaves the seal at zero)
+        m[HEADER.size : HEADER.size + SEAL.size] = SEAL.pack(int(step) + 1, p.total)
 
     def _torch(self) -> Any:
         if self._torch_view is None:

@@ -26,6 +26,17 @@ rank's evidence. Every other line is the launcher's own and goes with each rank.
 
 Order, root cause first: the rank a monitor declared hung first, the rank under
 "Root Cause", the rank of the first ``failed (exitcode...)`` line, then the rest.
+
+Only the first failure is read (``first_failure``): a launcher that restarts
+goes on writing the next generations' lines into the same log, and what they
+say (a new generation's start-up errors, its own report) is not the first
+failure's cause. The first failure is every line up to the launcher's first
+``failed (exitcode...)`` (or ft_launcher's ``ProcessFailure`` summary); after it,
+when its report (``Failures:``, ``Root Cause``) comes before any other process's
+failure, the launcher gave up: every line to the report's end; else it restarted
+and only what it still says of the same processes (by pid: ft_launcher repeats the
+line, then sums up) and the stops it sends belong to the first failure. So a log
+cut anywhere after that line names the same root as the whole log.
 """
 
 from __future__ import annotations
@@ -66,6 +77,41 @@ _MARKERS = re.compile(
     r"^[IWEF]\d{4} [\d:.]+ +\d+ torch/distributed/\S+:\d+\]|failed \(exitcode: -?\d+\) local_rank: |"
     r"errors\.ChildFailedError|Root Cause \(first observed failure\)|\[ft_launcher\d*@|\[RankMonServer\d*@"
 )
+
+
+def _failed_pids(line: str) -> set[int]:
+    """The pids a launcher's failure line names (none: not one)."""
+    if m := _FAILED.search(line):
+        return {int(m.group(3))}
+    return {int(m.group(3)) for m in _PROCESS_FAILURE.finditer(line)}
+
+
+def first_failure(lines: Sequence[str]) -> list[str]:
+    """The lines of the log's first failure (see the module's docstring)."""
+    first = next(((i, pids) for i, ln in enumerate(lines) if (pids := _failed_pids(ln))), None)
+    if first is None:
+        return list(lines)
+    start, pids = first
+    # the next failure of other processes: a later generation's (its lines are its own)
+    stop = next((i for i in range(start + 1, len(lines)) if (n := _failed_pids(lines[i])) and not n & pids),
+                len(lines))  # fmt: skip
+    report = next((i for i in range(start + 1, stop)
+                   if lines[i].strip() == "Failures:" or ROOT_CAUSE in lines[i]), None)  # fmt: skip
+    if report is not None:  # it gave up on this failure: what it said to its report's end
+        return list(lines[: _report_end(lines, report, stop)])
+    # it went on: the next generation's lines follow; of this failure only the launcher's
+    # own words (ft_launcher stops the other ranks after its failed line; a stop names
+    # a pid, and one of a later generation's names none of this failure's ranks)
+    return [*lines[: start + 1], *(ln for ln in lines[start + 1 : stop] if _failed_pids(ln) & pids
+                                   or _CLOSING.search(ln))]  # fmt: skip
+
+
+def _report_end(lines: Sequence[str], start: int, stop: int) -> int:
+    """Where torchelastic's report that begins at ``start`` ends (past its closing rule)."""
+    for i in range(start + 1, stop):
+        if lines[i].strip().startswith("=") and _SEPARATOR.match(lines[i]):
+            return i + 1
+    return stop
 
 
 def is_launcher_log(lines: Sequence[str]) -> bool:
@@ -257,8 +303,8 @@ def _texts(log: _Log, rank: int, hung: bool) -> tuple[str, ...]:
 
 
 def launcher_ranks(lines: Sequence[str], progressed: bool | None = None) -> list[RankFailure]:
-    """One failure per rank the launcher's log names, the root cause first."""
-    log = _parse(lines)
+    """One failure per rank the launcher's log names in its first failure, the root cause first."""
+    log = _parse(first_failure(lines))
     out = []
     for i, number in enumerate(_order(log)):
         r = log.ranks[number]

@@ -24,6 +24,14 @@ towards what is measured as failures come: ``Tf = (trained + mtbf) / (failures +
 A failure whose recovery has not completed yet leaves Tr unmeasured; it then counts as
 0 (reported as None), which Tf dwarfs in any run where the advice matters.
 
+With memory snapshots (``client.snapshot``) a failure whose next generation restored
+from one (``snapshot_restored``, from memory or a peer's replica) cost a step, not a disk
+checkpoint's interval: only the failures the held snapshots did not cover (the whole job
+or its daemons lost, no common step) send the ranks back to the disk. Tf is then the
+mean time between those: the disk interval becomes a question of whole-job failures.
+``covered`` counts the others; until one is not covered, and without a prior, there is no
+advice and ``why`` says so.
+
 Memory is bounded: the last ``SAVES`` save times, the last ``RECOVERIES`` recovery
 times, and the ranks of the generations in flight. Pure: time comes in as ``now``
 (monotonic seconds, the events' ``t_mono``).
@@ -41,6 +49,7 @@ from typing import Any
 from supervisor.core.catalogue.generation import GenerationEnded, GenerationStarted
 from supervisor.core.catalogue.job import NodeMoved
 from supervisor.core.catalogue.ranks import RankSpawned, RankStepping
+from supervisor.core.catalogue.snapshots import SnapshotRestored
 from supervisor.core.recovery import Recovery, is_failure
 
 SAVES = 32
@@ -69,6 +78,7 @@ class Advice:
     trained: float  # seconds the ranks trained
     prior: float | None  # the --mtbf prior, when one was given
     why: str = ""  # when there is no advice: what is missing
+    covered: int = 0  # failures whose next generation restored from a memory snapshot
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -112,6 +122,9 @@ class Advisor:
         self._current: int | None = None
         self._trained = 0.0  # by generations that no longer train
         self.failures = 0
+        self.covered = 0
+        self._failed: set[int] = set()  # generations that ended on a failure (the last few)
+        self._covered: set[int] = set()  # of those, the ones the next generation restored from memory
 
     def saved(self, seconds: float) -> None:
         """A completed save took ``seconds``."""
@@ -146,6 +159,14 @@ class Advisor:
             self._over(generation, float(t))
         elif is_failure(name, record) and generation == self._current:
             failed = self._over(generation, float(t), failure=True)
+            if failed:
+                self._failed = {g for g in self._failed if g > generation - RECOVERIES} | {generation}
+        elif name == SnapshotRestored.NAME and record.get("source") in ("memory", "peer"):
+            covered = generation - 1
+            if covered in self._failed and covered not in self._covered:
+                self._covered = {g for g in self._covered if g > generation - RECOVERIES} | {covered}
+                self.covered += 1
+                return True
         return failed or recovered is not None
 
     def _stepped(self, generation: int, rank: int, t: float) -> None:
@@ -181,20 +202,24 @@ class Advisor:
         ts = statistics.median(self._saves) if self._saves else None
         tr = statistics.median(self._recoveries) if self._recoveries else None
         tf: float | None
+        to_disk = self.failures - self.covered  # the failures that went back to a disk checkpoint
         if self.mtbf is not None:
-            tf = (trained + self.mtbf) / (self.failures + 1)
-        elif self.failures:
-            tf = trained / self.failures
+            tf = (trained + self.mtbf) / (to_disk + 1)
+        elif to_disk:
+            tf = trained / to_disk
         else:
             tf = None
         why = ""
         if ts is None:
             why = "no save measured yet (a completed `checkpointing` section, when monitored)"
+        elif tf is None and self.covered:
+            why = (f"every failure so far ({self.covered}) restored from memory snapshots: the disk interval "
+                   "depends on whole-job failures only, none seen yet (--mtbf gives a prior)")  # fmt: skip
         elif tf is None:
             why = "no failure seen yet: the mean time to failure is unknown (--mtbf gives a prior)"
         seconds = None if why else optimal_interval(ts or 0.0, tf or 0.0, tr or 0.0)
         counts = (self._saved, self.failures, self._recovered)
-        return Advice(seconds, ts, tf, tr, *counts, trained, self.mtbf, why)
+        return Advice(seconds, ts, tf, tr, *counts, trained, self.mtbf, why, self.covered)
 
 
 def describe(advice: Mapping[str, Any]) -> str:
@@ -207,6 +232,8 @@ def describe(advice: Mapping[str, Any]) -> str:
         return "-" if not isinstance(value, int | float) else f"{value:.2f} s"
 
     prior = "" if advice.get("prior") is None else f" and the {s('prior')} prior"
+    if advice.get("covered"):
+        prior += f"; {advice.get('covered')} restored from memory, not counted"
     return (
         f"checkpoint interval: advised {s('seconds')} (a save Ts {s('ts')}, median of "
         f"{advice.get('saves')} measured; mean time to failure Tf {s('tf')}, from {s('trained')} "

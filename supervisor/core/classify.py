@@ -7,8 +7,12 @@ watchdog message is explained by the cause it wraps, and the wrapper itself
 classifies only when no cause is recognised (the most severe of them, if several).
 Exit codes, signals and hangs are
 rules too (placed after the text rules). Across ranks the earliest failure is
-the root cause, unless its rule blames a peer (``ncclRemoteError``, a reset
-connection): then the earliest rank that failed on its own is. Kernel log
+the root cause, unless it is a symptom of a peer's: a rank that failed on its
+own (died of a signal, raised) comes before one that waited for a peer and timed
+out (``blame = "waiting"``: a collective's watchdog), and that before one whose
+rule blames a peer (``ncclRemoteError``, a reset connection), whatever the order
+they were reported in. Where the root blames a peer, the peer its line names
+(an address, a rank) is kept in ``blames``. Kernel log
 lines (Xid...) are node-level evidence: when one implies a more severe action
 than the root cause's (an illegal memory access next to Xid 48), it wins.
 """
@@ -21,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from supervisor.core.agentlog import launcher_ranks
+from supervisor.core.agentlog import first_failure, launcher_ranks
 from supervisor.core.evidence import Evidence
 from supervisor.core.patterns import Screen, encodable
 from supervisor.core.rules import Hit, Rule, match_lines, strip_prefix
@@ -45,6 +49,8 @@ class Classification:
     lines: tuple[str, ...] = ()  # the evidence lines that matched
     wrapped_by: tuple[str, ...] = ()  # wrapper rules the cause was found inside
     peer: bool = False  # the rule blames a peer: not this rank's own failure
+    waiting: bool = False  # a waiting rank's symptom (a watchdog timeout): yields to a rank's own failure
+    blames: str = ""  # the peer a peer-blaming line names (an address, a rank), where it does
     source: str = ""  # the plugin that classified it
     summary: str = ""
 
@@ -64,6 +70,7 @@ class Classification:
             "lines": list(self.lines),
             "wrapped_by": list(self.wrapped_by),
             "peer": self.peer,
+            "blames": self.blames or None,
             "source": self.source,
             "summary": self.summary,
         }
@@ -89,6 +96,8 @@ def _from_hit(hit: Hit, rank: int | None, wrapped_by: tuple[str, ...]) -> Classi
         lines=tuple(dict.fromkeys(hit.lines)),
         wrapped_by=wrapped_by,
         peer=r.blame_peer,
+        waiting=r.waiting,
+        blames=hit.groups.get("peer", "") if r.blame_peer else "",
         summary=r.summary,
     )
 
@@ -179,9 +188,15 @@ def agent_ranks(lines: Sequence[str], progressed: bool | None = None) -> list[Ra
     return launcher_ranks(lines, progressed)
 
 
+def root_tier(c: Classification) -> int:
+    """Nearer the cause first: a rank's own failure, a waiting rank's timeout, a peer's
+    failure seen from this rank."""
+    return 2 if c.peer else 1 if c.waiting else 0
+
+
 def _root(per_rank: Sequence[Classification]) -> Classification | None:
-    own = [c for c in per_rank if not c.peer]
-    return own[0] if own else (per_rank[0] if per_rank else None)
+    """The failure nearest the cause, the earliest of those (``min`` keeps the first)."""
+    return min(per_rank, key=root_tier) if per_rank else None
 
 
 def _the_peer(rules: Sequence[Rule], stopped: Sequence[RankFailure]) -> Classification | None:
@@ -208,7 +223,7 @@ def classify(rules: Sequence[Rule], evidence: Evidence) -> Classification:
         progressed = None if evidence.progress is None else evidence.progress > 0
         split = agent_ranks(evidence.agent_log, progressed)
         agent = _root([classify_rank(rules, f) for f in split]) if split else None
-        whole = classify_lines(rules, evidence.agent_log, scopes=("rank", "agent"))
+        whole = classify_lines(rules, first_failure(evidence.agent_log), scopes=("rank", "agent"))
         if agent is None or agent.rule == UNCLASSIFIED:
             agent = whole
         if agent is not None:

@@ -12,16 +12,42 @@ never mix steps. The function takes one set of steps per rank, whichever daemon 
 them, so that a job-wide agreement (other nodes' sets, through the store) is the same
 call with more entries.
 
+A rank killed after its copy but before its done (the checksum and the message go from
+a background thread) leaves a slot whose bytes are whole but unrecorded: in DDP its peers
+may then hold the next step and overwrite the older one, and no step is common. So the
+rank seals the slot's header once its copy is done (``SEAL``: the step plus one, and the
+bytes written; zero while it writes), and the daemon, once the rank is gone, records a
+sealed slot of its last begin as complete, with a checksum of its own. The header is the
+only part of a slot file the daemon reads; the rest is the client's
+(``client.snapshot_slots``).
+
 Pure: no clock, no files; the daemon's service (``runtime.services.held_snapshots``)
 owns the files and the time.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 SLOTS = (0, 1)
+MAGIC = b"FTSNAP01"
+HEADER = struct.Struct("<8sQQQ")  # magic, skeleton length, data offset, step
+SEAL = struct.Struct("<QQ")  # step + 1 (0: being written), bytes written; after HEADER
+HEADER_SIZE = 64
+
+
+def sealed(header: bytes) -> tuple[int, int] | None:
+    """The step and the bytes a slot's header says were copied whole, or None (not a slot
+    header, or its copy was cut off)."""
+    if len(header) < HEADER.size + SEAL.size:
+        return None
+    magic, _length, _offset, step = HEADER.unpack_from(header, 0)
+    plus_one, nbytes = SEAL.unpack_from(header, HEADER.size)
+    if magic != MAGIC or plus_one != step + 1 or nbytes < HEADER_SIZE:
+        return None
+    return step, nbytes
 
 
 def common_step(held: Mapping[int, Collection[int]]) -> int | None:

@@ -265,15 +265,28 @@ def encode(s: NodeSummary, limit: int = LIMIT) -> bytes:
     data = _dumps(s)
     if len(data) <= limit:
         return data
-    bare = replace(s, ranks=tuple(_no_sites(r) for r in s.ranks), truncated="call sites dropped")
-    data = _dumps(bare)
-    kept = list(bare.ranks)
-    while len(data) > limit and kept:
-        kept.pop()  # the highest rank goes first
-        dropped = [r.rank for r in s.ranks[len(kept) :]]
-        note = f"call sites dropped; ranks {dropped[0]}-{dropped[-1]} dropped ({len(dropped)})"
-        data = _dumps(replace(bare, ranks=tuple(kept), truncated=note))
-    return data
+    bare = replace(s, ranks=tuple(_no_sites(r) for r in s.ranks))
+
+    def cut(kept: int) -> bytes:
+        dropped = [r.rank for r in s.ranks[kept:]]
+        note = "call sites dropped"
+        if dropped:
+            note += f"; ranks {dropped[0]}-{dropped[-1]} dropped ({len(dropped)})"
+        return _dumps(replace(bare, ranks=bare.ranks[:kept], truncated=note))
+
+    # the most ranks, lowest first, that fit: a search, not a dump per rank dropped
+    best, low, high = cut(len(bare.ranks)), 0, len(bare.ranks) - 1
+    if len(best) <= limit:
+        return best
+    best = cut(0)
+    while low <= high:
+        middle = (low + high) // 2
+        data = cut(middle)
+        if len(data) <= limit:
+            best, low = data, middle + 1
+        else:
+            high = middle - 1
+    return best
 
 
 def _no_sites(r: RankState) -> RankState:

@@ -24,8 +24,12 @@ and raises ``RuleError`` naming the rule and the key. The fields::
               it classifies only when no other rule finds the cause
     fallback  true: a last resort, tried only when no other rule, wrapper or not,
               matches (an uncaught exception of no known kind)
-    blame     self | peer: a peer's death shows up in this rank's log (connection
-              reset, ncclRemoteError): the root cause is another rank's failure
+    blame     self | peer | waiting: peer: a peer's death shows up in this rank's
+              log (connection reset, ncclRemoteError): the root cause is another
+              rank's failure; a group named ``peer`` in the pattern (an address,
+              a rank) says which peer, where the line does. waiting: what a rank
+              that waits for a peer shows (a collective's watchdog timeout): its
+              own failure only when no rank of the same failure failed on its own
     when      always | before_first_step (the rank completed no step: a user error)
     by        {group: {value: action}}: the action read from a named group of the
               match (the Xid number), falling back to ``action``
@@ -54,7 +58,7 @@ from supervisor.core.types import Action
 NATURES = ("transient", "hardware", "deterministic", "not_failure")
 SCOPES = ("rank", "dmesg", "agent")
 WHENS = ("always", "before_first_step")
-BLAMES = ("self", "peer")
+BLAMES = ("self", "peer", "waiting")
 RULE_KEYS = frozenset(
     {"id", "category", "nature", "action", "repeat", "after", "any", "all", "scope", "exit", "signal",
      "hang", "wrapper", "fallback", "blame", "when", "by", "summary", "source"}
@@ -89,6 +93,7 @@ class Rule:
     wrapper: bool = False
     fallback: bool = False
     blame_peer: bool = False
+    waiting: bool = False  # blame = "waiting"
     before_first_step: bool = False
     by: Mapping[str, Mapping[str, Action]] = field(default_factory=dict)
     summary: str = ""
@@ -238,6 +243,7 @@ def compile_rule(raw: Mapping[str, Any]) -> Rule:
         wrapper=_flag(rule_id, raw, "wrapper"),
         fallback=_flag(rule_id, raw, "fallback"),
         blame_peer=_choice(rule_id, raw, "blame", BLAMES, "self") == "peer",
+        waiting=raw.get("blame") == "waiting",
         before_first_step=_choice(rule_id, raw, "when", WHENS, "always") == "before_first_step",
         by=_by(rule_id, raw.get("by", {})),
         summary=str(raw.get("summary", "")),

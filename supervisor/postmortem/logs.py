@@ -92,13 +92,15 @@ def _located(lines: list[str], text: str, number: int) -> list[Numbered]:
     """The line numbers of ``lines`` (whole lines of ``text``, in order)."""
     hay = "\n" + text
     out = []
-    pos = counted = newlines = 0
+    pos = counted = 0
+    newlines = -1  # the newline put before the text is not one of its own
     for line in lines:
         at = hay.find(f"\n{line}\n", pos)
         if at < 0:  # split at a rarer line break than \n: keep it, numbered as the line before
-            out.append((number + newlines, line))
+            out.append((number + max(newlines, 0), line))
             continue
-        newlines += hay.count("\n", counted, at)
+        # up to and with the newline that ends the line before: adjacent lines differ by one
+        newlines += hay.count("\n", counted, at + 1)
         counted = pos = at + 1
         out.append((number + newlines, line))
     return out

@@ -28,7 +28,8 @@ def _classification(c: Classification | None, decision: Decision) -> list[str]:
         *out,
         f"rule:     {c.rule} [{c.category}, {c.nature}] by {c.source or '-'}{inside}",
         f"          {c.summary}" if c.summary else "",
-        f"rank:     {c.rank}" + (" (blames a peer)" if c.peer else ""),
+        f"rank:     {c.rank}"
+        + ((f" (blames a peer: {c.blames})" if c.blames else " (blames a peer)") if c.peer else ""),
         "matched:",
         *(f"  {line}" for line in c.lines),
     ]

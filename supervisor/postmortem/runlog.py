@@ -68,6 +68,7 @@ class GenerationLog:
     decisions: list[Event] = field(default_factory=list)
     job_decision: Event | None = None
     multi: bool = False  # a rendezvous round: several nodes
+    node_rank: int | None = None  # this node's in the job's round (None: one node)
     dmesg: tuple[str, ...] = ()  # the kernel's lines the daemon judged with
     reported: dict[int, float] = field(default_factory=dict)  # rank -> when it first reported its failure
 
@@ -167,6 +168,7 @@ def _generation_event(run: RunLog, g: GenerationLog, name: str, e: Event) -> Non
     elif name == GenerationStarted.NAME:
         g.started = True
         g.multi = _int(e.get("nnodes")) is not None
+        g.node_rank = _int(e.get("node_rank")) if g.multi else None
     elif name == CheckpointReported.NAME and e.get("checkpoint") != "loaded":
         g.saved = True
     elif name == WorkloadRequest.NAME and e.get("action") != "continue":

@@ -149,7 +149,8 @@ def test_standbys_say_when_they_are_ready_and_status_shows_it(tmp_path: Path) ->
     status = run.one("status")
     assert status["standby"] == {"generation": 1, "ranks": 2, "ready": True, "seconds": 2.5,
                                  "priority": ready["priority"], "start": "after_steps", "idle_cores": 0.0,
-                                 "why": "0 idle cores, 4 wanted for 2 starting rank(s) and their standbys"}  # fmt: skip
+                                 "why": "0 idle cores, 4 wanted for 2 starting rank(s) and their standbys",
+                                 }  # fmt: skip
     # SIGUSR1's dump: every rank of generation 0, running
     assert status["generation"] == 0 and status["uptime_s"] >= 0
     spawned = sorted(e["pid"] for e in run.named("rank_spawned") if e["generation"] == 0)

@@ -195,3 +195,54 @@ def test_without_a_daemon_the_adapters_are_no_ops_and_keep_the_state_file(tmp_pa
     assert "rank 0 generation 0 done" in r.stdout
     assert r.stderr.count("no ft-supervisor daemon supervises this process") == 1
     assert not (save / "ft_state.json").exists()  # nothing learned, nothing written
+
+
+def _chain(steps: int) -> int:
+    """megatron_style.py's training state after ``steps`` steps from the beginning."""
+    work = 0
+    for iteration in range(steps):
+        work = (work * 31 + iteration) % (2**61 - 1)
+    return work
+
+
+def test_megatron_hooks_resume_from_the_memory_snapshot_newer_than_the_disk(
+    start: Start, tmp_path: Path
+) -> None:
+    # a snapshot after every step (on_training_step_end(snapshot=)), latest.txt every 4; rank 1
+    # is SIGKILLed after iteration 5's step: memory holds iteration 6 (5 if the kill cut off its
+    # done message), the disk 4; ft.restore gives the memory's, the newer, to both ranks
+    d = start(*FAST, MEGATRON, "--save-dir", str(tmp_path / "save"), "--iters", "8", "--save-every", "4",
+              "--snapshot", "--kill-rank", "1", "--kill-iter", "5")  # fmt: skip
+    assert d.wait() == 0, d.story()
+    restored = {e["step"] for e in d.events("snapshot_restored")}
+    assert len(restored) == 1, d.story()
+    (step,) = restored
+    assert step in (5, 6), d.story()
+    out, err = d.stdout(), d.stderr()
+    for rank in (0, 1):
+        assert f"rank {rank} generation 1 starts at {step} with work {_chain(step)}" in out, out
+    line = f"resuming at step {step} from memory: newer than the disk checkpoint (memory snapshot at step"
+    assert err.count(line) == 2, err
+    assert "rank 0 generation 1 done" in out
+
+
+def test_nvrx_shim_resumes_from_the_memory_snapshot(start: Start, tmp_path: Path) -> None:
+    # end_section("step", snapshot=(step, state)) at every step; checkpoints at the end of each
+    # 6-step epoch; rank 1 is SIGKILLed after step 2 of epoch 1 (global step 9): the client's
+    # restore(disk_step) gives memory's step 9 (8 if the kill cut off its done), newer than 6
+    out = tmp_path / "out"
+    # no warm-up: the script asks for its step timeout after the few steps of a resumed epoch
+    d = start(*FAST, "--ft-rank-section-timeouts", "init:10,step:10,checkpoint:10",
+              "--ft-num-warmup-iterations", "0", NVRX, "--output_dir", str(out), "--epochs", "2",
+              "--iters", "6", "--snapshot", "--kill_rank", "1", "--kill_iter", "2")  # fmt: skip
+    assert d.wait() == 0, d.story()
+    restored = {e["step"] for e in d.events("snapshot_restored")}
+    assert len(restored) == 1, d.story()
+    (step,) = restored
+    assert step in (8, 9), d.story()
+    progress = {"epoch_idx": 1, "iter_idx": step - 6}
+    assert all(f"rank {r} generation 1 resumes at {progress}" in d.stdout() for r in (0, 1)), d.stdout()
+    # (a rank started late may find the checkpoint rank 0 saved in this generation, not its own
+    # to resume from: it says "no disk checkpoint", still from memory)
+    assert d.stderr().count(f"resuming at step {step} from memory: ") == 2, d.stderr()
+    assert "rank 0 generation 1 done" in d.stdout()

@@ -186,3 +186,33 @@ def test_events_without_the_fields_it_reads_are_ignored() -> None:
         assert a.add(name, {"event": name, "generation": 0, "t_mono": "soon", "rank": "one"}) is False
     assert a.add("rank_spawned", {"generation": 0, "t_mono": 1.0}) is False
     assert a.advice(2.0).trained == 0.0
+
+
+def _restored(g: int, t: float, source: str = "memory") -> list[Event]:
+    return [("snapshot_restored", t, {"generation": g, "rank": r, "step": 9, "source": source, "bytes": 1})
+            for r in (0, 1)]  # fmt: skip
+
+
+def test_failures_restored_from_memory_leave_the_disk_interval_to_whole_job_failures() -> None:
+    a = Advisor()
+    a.saved(2.0)
+    _feed(a, *_generation(0, 1.0), *_steps(0, 2.0), _crash(0, 12.1))
+    # generation 1 restores from the ranks' memory snapshots (once per rank; counted once)
+    assert _feed(a, *_generation(1, 13.0), *_restored(1, 13.1)) == [False, False, False, True, False]
+    _feed(a, *_steps(1, 13.5))
+    held = a.advice(113.6)
+    assert (held.failures, held.covered, held.seconds, held.tf) == (1, 1, None, None)
+    assert "restored from memory snapshots" in held.why and "whole-job" in held.why
+    # a failure the snapshots did not cover (restored from disk, or nothing held): it counts
+    _feed(a, _crash(1, 113.6), *_generation(2, 114.0), *_restored(2, 114.1, source="disk"), *_steps(2, 114.5))
+    advice = a.advice(214.6)
+    assert (advice.failures, advice.covered) == (2, 1)
+    assert advice.tf == pytest.approx(advice.trained)  # one failure to disk in all that training
+    assert advice.seconds == optimal_interval(2.0, advice.tf, advice.tr or 0.0)
+    assert "1 restored from memory, not counted" in describe(advice.to_json())
+    # with a prior, the covered failures do not shorten it either
+    b = Advisor(mtbf=1000.0)
+    b.saved(2.0)
+    _feed(b, *_generation(0, 1.0), *_steps(0, 2.0), _crash(0, 12.1))
+    _feed(b, *_generation(1, 13.0), *_restored(1, 13.1))
+    assert b.advice(20.0).tf == pytest.approx(10.0 + 1000.0)

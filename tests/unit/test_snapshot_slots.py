@@ -313,3 +313,25 @@ def test_a_restored_mapping_of_a_page_multiple(tmp_path: Path) -> None:
     _, back, mapping = slotfile.read_slot(str(tmp_path / "s"), total, digest, 1)
     slotfile.make_private(mapping)
     same(state, back)
+
+
+
+def test_a_slot_is_sealed_only_once_its_copy_is_whole(tmp_path: Path) -> None:
+    # what the daemon reads of a rank gone before its done: the header's seal, written last
+    from supervisor.core.memory_snapshots import HEADER, sealed  # noqa: PLC0415
+
+    p = slotfile.plan({"w": bytes(range(200)) * 50, "step": 7})
+    path = tmp_path / "rank0.0"
+    path.write_bytes(bytes(p.total))
+    mapping = slotfile.map_for_writing(str(path), p.total)
+    assert sealed(bytes(mapping[:HEADER_SIZE])) is None  # never written
+    writer = slotfile.Writer(mapping)
+    writer.write(p, 7)
+    assert sealed(bytes(mapping[:HEADER_SIZE])) == (7, p.total)
+    # the next copy's first store, the header of step 8: the seal of step 7 no longer holds
+    mapping[: HEADER.size] = HEADER.pack(MAGIC, len(p.skeleton), p.data_offset, 8)
+    assert sealed(bytes(mapping[:HEADER_SIZE])) is None
+    writer.write(p, 8)
+    assert sealed(bytes(mapping[:HEADER_SIZE])) == (8, p.total)
+    assert sealed(b"FTSNAP01" + bytes(56)) is None and sealed(b"short") is None
+    writer.close()

@@ -46,6 +46,7 @@ class CheckpointIntervalAdvised(Event, name="checkpoint_interval_advised"):
     trained: float
     prior: float | None
     why: str
+    covered: int = 0  # failures restored from memory snapshots: not counted in tf
 
 
 class CheckpointSyncFailed(Event, name="checkpoint_sync_failed", level=WARNING):

@@ -59,6 +59,6 @@ class IntervalAdvice:
             self._events.emit(
                 CheckpointIntervalAdvised(
                     seconds=a.seconds, ts=a.ts, tf=a.tf, tr=a.tr, saves=a.saves, failures=a.failures,
-                    recoveries=a.recoveries, trained=a.trained, prior=a.prior, why=a.why,
+                    recoveries=a.recoveries, trained=a.trained, prior=a.prior, why=a.why, covered=a.covered,
                 )
             )  # fmt: skip
