@@ -6,7 +6,8 @@ Into ``<generation>/hang-bundle/``: each live rank's Python stacks (faulthandler
 already in its log) and native stacks (py-spy), NCCL's Flight Recorder dump where
 the process group has one, and ``bundle.json``: the missed deadline, who was
 blamed and why, and for every rank its state, open sections, last iteration and
-when it was last heard from. Gathered at the same time as the Python stacks the
+when it was last heard from; for a hang across the job, ``job-blame.json``: every
+node's summary and the job's verdict. Gathered at the same time as the Python stacks the
 blame needs, within ``--ft-bundle-timeout`` (the bound on how much it may delay
 the restart); written off the loop; ``reason.json`` points to it.
 """

@@ -5,6 +5,9 @@ noticed). Naming waits for the stacks of every live rank, dumped at once (they
 are wanted in the logs anyway, before the kill), and the pure
 ``supervisor.core.blame`` picks the stuck rank(s): one ``rank_hung`` event each,
 saying which evidence decided, whose deadline was missed and who was waiting.
+In a job of several nodes the job's blame (``lifecycle.incident``) stands for the
+node's: what ``collect`` gathered is summarised and exchanged first, and only the
+job's culprits that run here are named (``JobWide``).
 """
 
 from __future__ import annotations
