@@ -70,6 +70,11 @@ FIELDS: dict[str, str] = {
     "failures": "every failed rank, earliest first, as `root_cause`",
     "unkillable": "local ranks that outlived SIGKILL (stuck in the kernel)",
     "bundle": "the hang's diagnostic bundle directory, when a hang ended the run",
+    "job_blame": "when the last decision followed a hang across the job: the job's one blame, the same "
+    "on every node: `rule` (`desync`, `wavefront`, `absent`, `own_code`, `node_silent`, `progress`), "
+    "the culprit `ranks` and their `nodes` (node ranks), `detail`, the `silent` nodes (no summary "
+    "in time), and for a desync the `mismatch` (`group`, `seq`, and each rank's `op`, `sizes` and "
+    "call site `at`)",
     "last_failure": "when the run went on after a failure (and then succeeded or was stopped): that "
     "failure's `generation`, `rule`, `rank`, `action`, `detail` and `bundle`",
 }
@@ -93,7 +98,10 @@ def _written() -> dict[str, dict[str, Any]]:
     restart = Judgement(
         evidence, classification, Decision(Action.RESTART, Reason.RANK_FAILED, "rank 1 failed")
     )
-    abort = Judgement(evidence, classification, Decision(Action.ABORT, Reason.NOT_RETRYABLE, "cannot help"))
+    blamed: dict[str, Any] = {"rule": "own_code", "ranks": [3], "nodes": [1], "detail": "...", "silent": []}
+    abort = Judgement(
+        evidence, classification, Decision(Action.ABORT, Reason.NOT_RETRYABLE, "no"), job_blame=blamed
+    )
     common: dict[str, Any] = {"node": "node-a", "restarts_used": 0, "stopped": False, "generation": 0}
     return {
         "succeeded": reason(0, cfg, None, **common),

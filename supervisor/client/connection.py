@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from supervisor.client import flight
 from supervisor.client.channel import Channel
 from supervisor.client.saver import Saver
 from supervisor.client.timing import StepTimer
@@ -57,6 +58,8 @@ class Client:
         self.timer: StepTimer | None = None  # own work vs waiting per step, once asked for
         self._heartbeat = encode("heartbeat", rank=self.rank, gen=self.gen, k=self.key)
         stacks = self._install_stack_dump()
+        # asked beside the stacks: the Flight Recorder dump gloo's ranks cannot give otherwise
+        flight.install(environ, self.rank)
         self.send("hello", pid=os.getpid(), stack_signal=stacks)
         self._install_excepthook()
         # a rank's last words (a request, an error report) often come right before

@@ -21,6 +21,7 @@ import orjson
 from supervisor.aio import in_thread
 from supervisor.clock import SYSTEM, Clock
 from supervisor.config.rendezvous import RdzvConfig
+from supervisor.coord import incidents
 from supervisor.coord import rounds as rnd
 from supervisor.coord.local import JobGeneration, JobOver, LocalJob
 from supervisor.coord.nodetable import NodeTable
@@ -226,6 +227,10 @@ class RendezvousJob:
         joined = _joined(job_gen)
         detail = f"node {job_gen.node_rank} ({self._table.host}): {why}"
         await in_thread(self._guard(lambda: rnd.tell(joined, PeerNews.ENDED, detail)), "rdzv-announce")
+
+    def board(self, job_gen: JobGeneration) -> incidents.Board:
+        """The round's store, for a hang's incident (``coord.incidents``)."""
+        return incidents.StoreBoard(_joined(job_gen).store, self._guard)
 
     # -- after the ranks ended -------------------------------------------------------------
 

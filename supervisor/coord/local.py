@@ -17,6 +17,7 @@ from supervisor.core.types import Action, Reason
 from supervisor.process.ports import free_port
 
 if TYPE_CHECKING:
+    from supervisor.coord.incidents import Board
     from supervisor.coord.torchrdzv import Joined
 
 
@@ -65,6 +66,9 @@ class LocalJob:
 
     def others_done(self, generation: int) -> bool:
         return False  # there are no other nodes
+
+    def board(self, job_gen: JobGeneration) -> Board | None:
+        return None  # no peers to share a hang's evidence with
 
     async def agree(self, job_gen: JobGeneration, own: NodeOutcome) -> list[NodeOutcome]:
         return [own]

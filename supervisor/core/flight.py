@@ -21,6 +21,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+# where no watchdog answers the debug-info pipe (gloo), the rank's client does, on a FIFO
+# of its own beside it (supervisor.client.flight); a dump it cannot make is a pickle of
+# {NO_DUMP: why}
+OWN_PIPE_SUFFIX = ".fr.pipe"
+NO_DUMP = "ft_supervisor_no_dump"
 FRAMEWORK = ("/torch/", "/site-packages/", "/dist-packages/", "supervisor/process/bootstrap.py", "<frozen")
 
 

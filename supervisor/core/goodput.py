@@ -78,7 +78,7 @@ from supervisor.core.catalogue.generation import (
     GenerationStarted,
     RestartRequested,
 )
-from supervisor.core.catalogue.job import JobDecision, PeerNews
+from supervisor.core.catalogue.job import JobBlame, JobDecision, PeerNews
 from supervisor.core.catalogue.ranks import (
     RankExited,
     RankFailureReported,
@@ -122,6 +122,7 @@ class Ledger:
             CheckpointReported.NAME: self._checkpoint,
             Decision.NAME: self._decision,
             JobDecision.NAME: self._job_decision,
+            JobBlame.NAME: self._job_blame,
             WorkloadRequest.NAME: self._workload_request,
         }
         for sign in _SIGNS:
@@ -241,6 +242,15 @@ class Ledger:
             gen.failed_at = gen.noticed_at = max(gen.started, min(t, gen.ended or t))
             gen.sign = Decision.NAME
 
+    def _job_blame(self, record: Mapping[str, Any], t: float) -> None:
+        """A hang across the job: its culprit is the incident's rank on every node."""
+        gen = self._gen(record)
+        ranks, nodes = record.get("ranks"), record.get("nodes")
+        if gen is None or not isinstance(ranks, list) or not ranks or not isinstance(ranks[0], int):
+            return
+        node = nodes[0] if isinstance(nodes, list) and nodes and isinstance(nodes[0], int) else None
+        gen.culprit = (ranks[0], node, str_of(record, "rule") or "")
+
     def _job_decision(self, record: Mapping[str, Any], t: float) -> None:
         gen = self._gen(record)
         if gen is not None and gen.decided and str_of(record, "action") is not None:
@@ -351,7 +361,7 @@ class Ledger:
             reason=gen.reason,
             rule=gen.rule,
             detail=gen.detail,
-            rank=gen.blamed if gen.blamed is not None else gen.sign_rank,
+            rank=gen.culprit[0] if gen.culprit else gen.blamed if gen.blamed is not None else gen.sign_rank,
             sign=gen.sign or GenerationEnded.NAME,
             failed_at=failed,
             noticed_at=noticed,
@@ -360,6 +370,8 @@ class Ledger:
             recomputation=max(0.0, failed - max(anchor, started)),
             checkpoint_at=ckpt_at if ckpt_at is not None and ckpt_at >= stepped else None,
             iterations_lost=lost_iterations,
+            node=gen.culprit[1] if gen.culprit else None,
+            blame=gen.culprit[2] if gen.culprit else None,
         )
 
     def _checkpoint_before(self, t: float) -> tuple[float | None, int | None]:

@@ -23,6 +23,10 @@ class Incident:
     recomputation: float
     checkpoint_at: float | None  # the checkpoint recomputation counts from
     iterations_lost: int | None
+    # a hang across the job: the culprit's node (node rank) and the rule of the job's blame;
+    # ``rank`` is then the job's culprit, on every node alike
+    node: int | None = None
+    blame: str | None = None
 
     @property
     def lost(self) -> float:

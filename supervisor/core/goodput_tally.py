@@ -33,6 +33,7 @@ class Tally:
     rule: str | None = None
     detail: str = ""
     blamed: int | None = None
+    culprit: tuple[int, int | None, str] | None = None  # the job's blame: rank, its node, rule
 
     def mark(self, sign: str, failed_at: float, noticed_at: float, rank: int | None) -> None:
         if self.started is None or self.ended is not None:

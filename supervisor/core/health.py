@@ -104,17 +104,22 @@ def pruned(marks: Iterable[Mark], now: float) -> tuple[Mark, ...]:
 
 
 def mark_of(
-    decision: Decision, nature: str | None, rule: str | None, *, now: float, run_id: str, generation: int
-) -> Mark | None:
+    decision: Decision, nature: str | None, rule: str | None, *, now: float, run_id: str, generation: int,
+    culprit: bool = False,
+) -> Mark | None:  # fmt: skip
     """The mark a decision leaves on the node: a hardware classification, or a rank
     that outlived SIGKILL (stuck in the kernel: a driver or device in trouble), or a
-    straggler sent away (a node that keeps being slow is quarantined as a faulty one)."""
+    straggler sent away (a node that keeps being slow is quarantined as a faulty one),
+    or a rank the job's blame named as the one a job-wide hang waited for (``culprit``:
+    the nodes whose ranks only waited are not marked)."""
     if decision.reason is Reason.RANK_UNKILLABLE:
         kind = "unkillable"
     elif decision.reason is Reason.STRAGGLER and decision.action is Action.RESCHEDULE:
         kind = "straggler"
     elif nature == "hardware":
         kind = "hardware"
+    elif culprit and decision.reason is Reason.RANK_HUNG:
+        kind = "hang"
     else:
         return None
     detail = decision.detail[:DETAIL_MAX]

@@ -13,7 +13,8 @@ The Flight Recorder is torch's ring buffer of a process group's last collectives
 ``${TORCH_NCCL_DEBUG_INFO_PIPE_FILE}<rank>.pipe`` and, when anything is written
 to it, dumps the buffer to ``${TORCH_NCCL_DEBUG_INFO_TEMP_FILE}<rank>``. The
 daemon points both into the generation's directory unless the user set them.
-gloo has no Flight Recorder: no pipe appears, and the bundle says so.
+gloo has no watchdog: no such pipe appears, and the rank's client answers on a FIFO
+of its own instead (``supervisor.client.flight``); a rank without it, nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.clock import SYSTEM
+from supervisor.core.flight import NO_DUMP, OWN_PIPE_SUFFIX
 
 NATIVE_MAX = 512 * 1024  # bytes of py-spy output kept per rank
 PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
@@ -182,7 +184,8 @@ async def flight_recorder(
     dump = Path(f"{dump_stem}{rank}")
     before = _mtime(dump)
     why = _ask_dump(Path(f"{pipe_stem}{rank}.pipe"))
-    if why is not None:
+    # no NCCL watchdog reads it (gloo): the rank's client answers on a FIFO of its own
+    if why is not None and _ask_dump(Path(f"{pipe_stem}{rank}{OWN_PIPE_SUFFIX}")) is not None:
         return None, why
     deadline = SYSTEM.monotonic() + timeout
     size, since = -1, SYSTEM.monotonic()
@@ -234,6 +237,9 @@ def read_flight_dump(path: Path, limit: int = FLIGHT_MAX) -> tuple[Any, str | No
     if len(raw) > limit:
         return None, f"the Flight Recorder dump is over {limit} bytes"
     try:
-        return _DataOnly(io.BytesIO(raw)).load(), None
+        data = _DataOnly(io.BytesIO(raw)).load()
     except Exception as exc:  # a torn or hostile pickle fails in many ways: each is a reason
         return None, f"the Flight Recorder dump is not readable: {type(exc).__name__}: {str(exc)[:200]}"
+    if isinstance(data, dict) and isinstance(data.get(NO_DUMP), str):
+        return None, data[NO_DUMP][:300]  # the rank's client said why it has none
+    return data, None

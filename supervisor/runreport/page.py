@@ -80,6 +80,7 @@ def incidents_table(incidents: list[tuple[int, Incident]], origin: float, severa
                 i.reason,
                 f"[{i.rule}]" if i.rule else None,
                 f"rank {i.rank}" if i.rank is not None else None,
+                f"on node {i.node} (job blame: {i.blame})" if i.node is not None else None,
             )
             if p
         )

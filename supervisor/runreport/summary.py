@@ -228,7 +228,7 @@ def _incidents_text(report: Report) -> str:
             *([str(index + 1)] if several else []),
             str(i.generation),
             f"+{i.failed_at - origin:.2f} s",
-            "-" if i.rank is None else str(i.rank),
+            "-" if i.rank is None else str(i.rank) + ("" if i.node is None else f" (node {i.node})"),
             i.sign,
             i.action or "-",
             _s(i.detection).strip(),
@@ -238,6 +238,8 @@ def _incidents_text(report: Report) -> str:
         ])  # fmt: skip
         cause = f"{i.reason or 'no decision'}" + (f" [{i.rule}]" if i.rule else "")
         note = [f"{cause}: {i.detail}" if i.detail else cause]
+        if i.blame is not None:  # the same culprit on every node's report
+            note.append(f"the job blamed rank {i.rank} on node {i.node} ({i.blame})")
         if i.restart is not None:
             # the figure a user cares about: the failure to every rank of the next generation stepping
             who = "a rank" if i.rank is None else f"rank {i.rank}"

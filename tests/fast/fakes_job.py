@@ -7,7 +7,9 @@ from a script of ``Round`` s, one a generation: the place this node gets, the ne
 peer sends some virtual seconds into the generation, and what the other nodes
 published. What the daemon told the job (announcements, counted restarts, its
 leaving) is kept to assert on. No store, no torch: the rendezvous itself stays in
-tests/integration/test_multinode.py.
+tests/integration/test_multinode.py. A hang's incident goes through ``MemoryBoard``,
+an in-memory store on the loop's (virtual) time, where scripted ``Peer`` s declare and
+publish their summaries (or do not) as the other nodes would.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor.coord import incidents
 from supervisor.coord.local import JobGeneration, LocalJob
 from supervisor.core.jobwide import NodeOutcome, PeerNews
+from supervisor.core.node_summary import NodeSummary, encode
 from supervisor.core.types import Action, Reason
 
 Others = Callable[[NodeOutcome, int], Sequence[NodeOutcome]]  # this node's outcome, the world
@@ -38,6 +42,69 @@ def follow(reason: Reason = Reason.PEER_FAILED) -> Others:
     return others
 
 
+@dataclass(frozen=True)
+class Peer:
+    """Another node in a hang's incident: its summary (None: it never answers), published
+    ``after`` seconds once this node published its own; ``declares``: it declared the
+    incident before this node looked."""
+
+    summary: NodeSummary | None
+    after: float = 0.0
+    declares: bool = False
+
+
+class MemoryBoard:
+    """The round's store for an incident, in memory: waits end when their keys are set
+    or on the loop's (virtual) clock."""
+
+    def __init__(self, node_rank: int, peers: Sequence[Peer]) -> None:
+        self.kv: dict[str, bytes] = {}
+        self._changed = asyncio.Event()
+        self._node_rank, self._peers = node_rank, peers
+        for peer in peers:
+            if peer.declares:
+                self.kv[incidents.DECLARED] = b"1"
+                self.kv.setdefault(incidents.AT, repr(0.0).encode())
+
+    def _put(self, key: str, value: bytes) -> None:
+        self.kv[key] = value
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def set(self, key: str, value: bytes) -> None:
+        self._put(key, value)
+        if key == incidents.summary_key(self._node_rank):  # the others answer from now on
+            loop = asyncio.get_running_loop()
+            for peer in self._peers:
+                if peer.summary is not None:
+                    key_, data = incidents.summary_key(peer.summary.node_rank), encode(peer.summary)
+                    loop.call_later(peer.after, self._put, key_, data)
+
+    async def add(self, key: str, amount: int) -> int:
+        value = int(self.kv.get(key, b"0")) + amount
+        self._put(key, str(value).encode())
+        return value
+
+    async def check(self, key: str) -> bool:
+        return key in self.kv
+
+    async def get(self, key: str) -> bytes:
+        return self.kv[key]
+
+    async def wait(self, keys: list[str], seconds: float) -> bool:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + seconds
+        while not all(k in self.kv for k in keys):
+            left = until - loop.time()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                return False
+        return True
+
+
 @dataclass
 class Round:
     """One generation of the job, as this node sees it."""
@@ -51,6 +118,7 @@ class Round:
     # seconds into the generation after which every other node has published that its
     # ranks all exited 0 (``others_done``); None: never while this node's ranks run
     others_done_after: float | None = None
+    peers: Sequence[Peer] = ()  # the other nodes in a hang's incident
 
 
 @dataclass
@@ -76,6 +144,7 @@ class ScriptedJob(LocalJob):
         self.rounds = rounds or (Round(),)
         self.told = Told()
         self._joined_at: dict[int, float] = {}  # generation -> when this node joined it (loop time)
+        self.boards: dict[int, MemoryBoard] = {}  # generation -> its incident's store
 
     def round(self, generation: int) -> Round:
         return self.rounds[min(generation, len(self.rounds) - 1)]
@@ -92,6 +161,12 @@ class ScriptedJob(LocalJob):
         after = self.round(generation).others_done_after
         at = self._joined_at.get(generation)
         return after is not None and at is not None and asyncio.get_running_loop().time() - at >= after
+
+    def board(self, job_gen: JobGeneration) -> MemoryBoard:
+        if job_gen.generation not in self.boards:
+            peers = self.round(job_gen.generation).peers
+            self.boards[job_gen.generation] = MemoryBoard(job_gen.node_rank, peers)
+        return self.boards[job_gen.generation]
 
     async def watch(self, job_gen: JobGeneration) -> tuple[PeerNews, str]:
         news = self.round(job_gen.generation).news

@@ -28,20 +28,27 @@ def _bundle(d: Daemon) -> tuple[Path, dict]:  # type: ignore[type-arg]
 def test_a_hang_in_a_gloo_job_leaves_native_stacks_of_every_rank_before_the_kill(start: Start) -> None:
     """Rank 1 sleeps in its own code while rank 0 waits in all_reduce: the native
     stacks show rank 0 inside c10d's wait (what faulthandler alone cannot say of a
-    rank stuck in C++), rank 1 in its own function. The run ends on the hang, so
-    reason.json names the bundle."""
+    rank stuck in C++), rank 1 in its own function. gloo has no watchdog to answer
+    the dump pipe: each rank's client dumps its Flight Recorder from a thread of its
+    own (supervisor.client.flight), and that decides the blame (rank 1 issued one
+    all_reduce fewer). The run ends on the hang, so reason.json names the bundle."""
     d = start("--nproc-per-node", "2", "--no-standby", "--max-restarts", "0",
               "--ft-rank-heartbeat-timeout", "1", str(RANKS / "collective_hang.py"))  # fmt: skip
     assert d.wait(120) != 0, d.story()
     path, manifest = _bundle(d)
-    assert manifest["hung"] == [1] and manifest["waiting"] == [0] and manifest["blamed_by"] == "stacks"
+    assert manifest["hung"] == [1] and manifest["waiting"] == [0]
+    assert manifest["blamed_by"] == "flight_recorder", manifest["evidence"]
     by_rank = {r["rank"]: r for r in manifest["ranks"]}
     assert by_rank[0]["where"] == "collective" and by_rank[1]["where"] == "own"
     assert all(r["native_error"] is None and r["iteration"] == 4 for r in by_rank.values()), manifest
     assert "c10d::Work::wait" in (path / by_rank[0]["native_stacks"]).read_text()
     assert "stuck_in_own_code" in (path / by_rank[1]["native_stacks"]).read_text()
     assert "stuck_in_own_code" in (path / by_rank[1]["python_stacks"]).read_text()
-    assert "no Flight Recorder pipe" in by_rank[0]["flight_recorder_error"]  # gloo has none
+    # gloo's dumps, made in the ranks: rank 0 waits in all_reduce #6, rank 1 issued 5
+    assert all(r["flight_recorder"] and r["flight_recorder_error"] is None for r in by_rank.values())
+    assert manifest["flight_recorder_behind"] == {"0": [1]}, manifest["flight_recorder_behind"]
+    (group,) = by_rank[0]["flight_recorder_summary"]
+    assert (group["enqueued"], group["pending"]["op"]) == (6, "gloo:all_reduce"), group
     # before the kill: the hung rank was SIGKILLed after the bundle was taken
     order = [e["event"] for e in d.events() if e["event"] in ("hang_bundle", "rank_exited")]
     assert order[0] == "hang_bundle", order

@@ -64,3 +64,21 @@ class NodeMoved(Event, name="node_moved"):
     nnodes: int
     was_node_rank: int
     was_nnodes: int
+
+
+class JobBlame(Event, name="job_blame", level=WARNING):
+    """A job-wide hang's one blame from every node's summary, the same on every node.
+
+    The rule that decided, the culprit ranks and their nodes, the nodes that gave no
+    summary, and the seconds from the first node's declaration to this node's verdict."""
+
+    generation: int
+    rule: str
+    ranks: list[int]
+    nodes: list[int]
+    silent: list[int]
+    waiting: list[int]
+    detail: str
+    mismatch: dict[str, Any] | None
+    summaries: list[int]  # the nodes whose summary counted
+    seconds: float | None

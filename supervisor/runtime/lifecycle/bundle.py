@@ -6,7 +6,8 @@ Into ``<generation>/hang-bundle/``: each live rank's Python stacks (faulthandler
 already in its log) and native stacks (py-spy), NCCL's Flight Recorder dump where
 the process group has one, and ``bundle.json``: the missed deadline, who was
 blamed and why, and for every rank its state, open sections, last iteration and
-when it was last heard from. Gathered at the same time as the Python stacks the
+when it was last heard from; for a hang across the job, ``job-blame.json``: every
+node's summary and the job's verdict. Gathered at the same time as the Python stacks the
 blame needs, within ``--ft-bundle-timeout`` (the bound on how much it may delay
 the restart); written off the loop; ``reason.json`` points to it.
 """
@@ -45,6 +46,7 @@ from supervisor.runtime.records.reason import write_atomically
 
 BUNDLE = "hang-bundle"
 MANIFEST = "bundle.json"
+JOB_BLAME = "job-blame.json"  # every node's summary of a job-wide hang and the verdict
 WRITE_TIMEOUT = 5.0  # seconds the restart may wait for the bundle's files
 SUMMARY_TIMEOUT = 1.0  # seconds the blame may wait for the Flight Recorder dumps to be read
 
@@ -81,25 +83,28 @@ async def gather(gen: Generation, timeout: float) -> Gathered:
 
 
 Flights = dict[int, tuple[list[dict[str, Any]], str | None]]  # local rank -> (summary, why none)
+Dumps = dict[int, tuple[Any, str | None]]  # local rank -> (the dump as plain data, why none)
 
 
-def _flight_summaries(got: Gathered) -> Flights:
+def _read(got: Gathered) -> tuple[Flights, Dumps]:
     """Each dump read as plain data and summarised (``core.flight``), by local rank."""
-    out = {}
+    out, raw = {}, {}
     for lr, (dump, _) in got.flight.items():
         if dump is not None:
             data, why = read_flight_dump(dump)
             out[lr] = (summarize(data), why)
-    return out
+            raw[lr] = (data, why)
+    return out, raw
 
 
-async def flights(got: Gathered) -> Flights:
+async def flights(got: Gathered) -> tuple[Flights, Dumps]:
     """The dumps summarised, off the loop, within ``SUMMARY_TIMEOUT`` (else none: the
-    kill waits for the blame, which reads them; a 2,000-entry dump takes milliseconds)."""
+    kill waits for the blame, which reads them; a 2,000-entry dump takes milliseconds);
+    and as read, for the job's blame (``core.node_summary``)."""
     try:
-        return await asyncio.wait_for(asyncio.to_thread(_flight_summaries, got), SUMMARY_TIMEOUT)
+        return await asyncio.wait_for(asyncio.to_thread(_read, got), SUMMARY_TIMEOUT)
     except TimeoutError:
-        return {}
+        return {}, {}
 
 
 def enqueued_by_rank(summaries: Flights) -> dict[int, dict[str, int]]:
@@ -147,6 +152,7 @@ def _write(where: Path, manifest: dict[str, Any], files: dict[str, str]) -> None
     where.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         write_atomically(where / name, text.encode(errors="replace"))
+
     write_atomically(where / MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2) + b"\n")
 
 
@@ -166,9 +172,10 @@ def _entries(
 async def write(
     gen: Generation, monitor: Monitor, *, missed: Hang, found: Blame, seen: dict[int, Seen],
     readings: dict[int, Reading | None], got: Gathered, summaries: Flights, noticed: float, clock: Clock,
-    events: EventLog,
+    events: EventLog, job: dict[str, Any] | None = None,
 ) -> Path | None:  # fmt: skip
-    """The bundle on disk (off the loop), and a ``hang_bundle`` event; None if it could not be written."""
+    """The bundle on disk (off the loop), and a ``hang_bundle`` event; None if it could not be written.
+    ``job``: a job-wide hang's every node summary and verdict, written as ``job-blame.json``."""
     root = generation_dir(gen)
     if root is None:
         return None
@@ -196,6 +203,9 @@ async def write(
         "flight_recorder_behind": late,
         "ranks": entries,
     }
+    if job is not None:  # the verdict here; every node's summary beside it
+        manifest["job_blame"] = {"file": JOB_BLAME, **job["verdict"]}
+        files[JOB_BLAME] = orjson.dumps(job, option=orjson.OPT_INDENT_2).decode() + "\n"
     return await _store(gen, root / BUNDLE, manifest, files=files, got=got, late=late, events=events)
 
 

@@ -119,6 +119,9 @@ def reason(
     bundle = None if judgement is None or judgement.bundle is None else str(judgement.bundle)
     if ended_by_failure:
         content["bundle"] = bundle  # the hang's diagnostic bundle, when it was a hang
+    if judgement is not None and judgement.job_blame is not None:
+        # a job-wide hang's one blame, the same on every node: {rule, ranks, nodes, detail, mismatch?}
+        content["job_blame"] = judgement.job_blame
     if not ended_by_failure and c is not None and decision is not None:
         # the run went on after it: history, not the reason the run ended
         content["last_failure"] = {

@@ -15,6 +15,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from supervisor.config.run import RunConfig
 from supervisor.core.catalogue import generation as ev
@@ -61,6 +62,7 @@ class Judgement:
     classification: Classification | None
     decision: Decision
     bundle: Path | None = None  # the judged generation's hang bundle
+    job_blame: dict[str, Any] | None = None  # a job-wide hang's verdict, for reason.json
 
     def adopting(self, decision: Decision) -> Judgement:
         """The job (or the node's health) decided otherwise: the same evidence, its decision."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from supervisor.core.evidence import WorkloadRequest
 from supervisor.core.jobwide import PeerNews
@@ -67,6 +68,7 @@ class GenerationEnded:
     iterations: tuple[int, ...]  # the last iteration each rank reported
     saved: bool  # a rank saved a checkpoint this generation
     bundle: Path | None  # the hang's (or the lingering rank's) diagnostic bundle
+    job_blame: dict[str, Any] | None = None  # a job-wide hang's verdict (core.job_verdict.reason_fields)
 
     @property
     def succeeded(self) -> bool:
@@ -110,6 +112,7 @@ def freeze(
         iterations=tuple(monitor.iterations()),
         saved=monitor.saved(),
         bundle=gen.bundle,
+        job_blame=gen.job_blame,
     )
 
 

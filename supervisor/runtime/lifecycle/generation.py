@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from supervisor.clock import Clock
 from supervisor.core.catalogue.ranks import RankExited, RankExitSlow, RankExitStuck, RankFailureReported
@@ -46,6 +47,10 @@ class Generation:
         self.trouble_at: float | None = None
         self.stacks: dict[int, str] = {}  # local rank -> its dumped stacks
         self.bundle: Path | None = None  # the hang's diagnostic bundle, if it hung
+        # a job-wide hang's verdict (lifecycle.incident), and whether its culprits run
+        # elsewhere: then this node's missed deadline only waited for them, and it follows
+        self.job_blame: dict[str, Any] | None = None
+        self.culprit_elsewhere = False
         self.notable: dict[int, tuple[str, ...]] = {}  # rank -> trouble-looking log lines
         self.after_exit: dict[int, tuple[str, ...]] = {}  # rank -> ...noticed after it exited
         # local rank -> when (monotonic) it reported a failure (error file, client) while alive
@@ -77,7 +82,8 @@ class Generation:
 
     @property
     def result(self) -> GroupResult:
-        if self.hangs or self.stuck or self.missed:  # stopped by us, but the generation failed
+        missed = self.missed is not None and not self.culprit_elsewhere
+        if self.hangs or self.stuck or missed:  # stopped by us, but the generation failed
             return GroupResult.FAILED
         states = {lr: r.state for lr, r in self.ranks.items()}
         if self.lingering_done and all(

@@ -5,19 +5,25 @@ noticed). Naming waits for the stacks of every live rank, dumped at once (they
 are wanted in the logs anyway, before the kill), and the pure
 ``supervisor.core.blame`` picks the stuck rank(s): one ``rank_hung`` event each,
 saying which evidence decided, whose deadline was missed and who was waiting.
+In a job of several nodes the job's blame (``lifecycle.incident``) stands for the
+node's: what ``collect`` gathered is summarised and exchanged first, and only the
+job's culprits that run here are named (``JobWide``).
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 from supervisor.clock import Clock
 from supervisor.core.blame import Blame, blame
 from supervisor.core.catalogue.ranks import DeadlineIgnored, DeadlineMissed, RankHung
+from supervisor.core.stacks import Reading
 from supervisor.core.watch import Hang
 from supervisor.process.terminate import Signaller
 from supervisor.runtime.lifecycle import aftermath, bundle
+from supervisor.runtime.lifecycle.aftermath import Seen
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
 from supervisor.runtime.records.events import EventLog
@@ -38,23 +44,62 @@ def deadline_missed(gen: Generation, hang: Hang, *, failing: bool, clock: Clock,
     gen.missed_deadline(hang, clock.monotonic())
 
 
-async def name_hung(
-    gen: Generation, monitor: Monitor, *, stack_timeout: float, bundle_timeout: float, clock: Clock,
-    events: EventLog, signals: Signaller,
-) -> Blame | None:  # fmt: skip
-    """Dump every live rank's stacks, blame the stuck rank(s), record them as hung,
-    and leave the hang's diagnostic bundle (``supervisor.runtime.lifecycle.bundle``)."""
-    if gen.missed is None:
-        return None
-    missed, noticed = gen.missed
+READ_BOUND = bundle.SUMMARY_TIMEOUT  # seconds the dumps' reading may add to the gather
+
+
+@dataclass
+class Collected:
+    """What was taken from the live ranks before the kill, by local rank."""
+
+    seen: dict[int, Seen]  # their last signs of life, as of the notice
+    readings: dict[int, Reading | None]  # where their stacks stand
+    got: bundle.Gathered  # native stacks, Flight Recorder dumps
+    summaries: bundle.Flights  # the dumps, summarised
+    dumps: bundle.Dumps  # the dumps as read
+
+
+async def collect(
+    gen: Generation, monitor: Monitor, *, noticed: float, stack_timeout: float, bundle_timeout: float,
+    clock: Clock, events: EventLog, signals: Signaller,
+) -> Collected:  # fmt: skip
+    """Every live rank's stacks and Flight Recorder dump, all at once, within their bounds."""
     # what each rank last said, as of the notice: the dump's SIGCONT wakes a stopped rank
     seen = aftermath.seen_now(gen, monitor, noticed)
     readings, got = await asyncio.gather(
         aftermath.collect_stacks(gen, monitor, stack_timeout, events, signals=signals, clock=clock),
         bundle.gather(gen, bundle_timeout),
     )
-    summaries = await bundle.flights(got)  # NCCL's own account of who issued which collective
-    found = blame(aftermath.suspects(seen, readings, bundle.enqueued_by_rank(summaries)), missed, noticed)
+    summaries, dumps = await bundle.flights(got)  # the recorder's account of who issued which collective
+    return Collected(seen, readings, got, summaries, dumps)
+
+
+@dataclass(frozen=True, slots=True)
+class JobWide:
+    """A job-wide hang's verdict, as this node applies it (``lifecycle.incident``)."""
+
+    found: Blame  # the job's culprits that run here (none: they run elsewhere)
+    document: dict[str, Any]  # every node's summary and the verdict, for job-blame.json
+
+
+async def name_hung(
+    gen: Generation, monitor: Monitor, *, stack_timeout: float, bundle_timeout: float, clock: Clock,
+    events: EventLog, signals: Signaller, collected: Collected | None = None, job: JobWide | None = None,
+) -> Blame | None:  # fmt: skip
+    """Dump every live rank's stacks, blame the stuck rank(s), record them as hung,
+    and leave the hang's diagnostic bundle (``supervisor.runtime.lifecycle.bundle``).
+    With ``job``, the job's blame stands for this node's: only its culprits here are hung."""
+    if gen.missed is None:
+        return None
+    missed, noticed = gen.missed
+    c = collected or await collect(gen, monitor, noticed=noticed, stack_timeout=stack_timeout,
+                                   bundle_timeout=bundle_timeout, clock=clock, events=events,
+                                   signals=signals)  # fmt: skip
+    seen, readings = c.seen, c.readings
+    if job is not None:
+        found = job.found
+    else:
+        suspects = aftermath.suspects(seen, readings, bundle.enqueued_by_rank(c.summaries))
+        found = blame(suspects, missed, noticed)
     local = {s.rank: lr for lr, s in seen.items()}
     deadline_wall = clock.wall() - (clock.monotonic() - (noticed - missed.late_by))
     for rank in found.ranks:
@@ -83,6 +128,6 @@ async def name_hung(
         if rank in local:
             gen.hung(local[rank], hang, deadline_wall)
     gen.bundle = await bundle.write(gen, monitor, missed=missed, found=found, seen=seen, readings=readings,
-                                    got=got, summaries=summaries, noticed=noticed, clock=clock,
-                                    events=events)  # fmt: skip
+                                    got=c.got, summaries=c.summaries, noticed=noticed, clock=clock,
+                                    events=events, job=None if job is None else job.document)  # fmt: skip
     return found

@@ -25,6 +25,7 @@ from supervisor.core.catalogue.job import JobDecision
 from supervisor.core.catalogue.job import JobOver as JobOverEvent
 from supervisor.core.catalogue.job import PeerNews as PeerNewsEvent
 from supervisor.core.evidence import Evidence
+from supervisor.core.job_verdict import desync_decision
 from supervisor.core.jobwide import NodeOutcome, PeerNews
 from supervisor.core.kmsg import about
 from supervisor.core.next_step import Basis, job_outcome
@@ -34,7 +35,7 @@ from supervisor.core.types import Action, Decision, Reason, signal_name
 from supervisor.hooks.registry import Registry
 from supervisor.process.spawn import RankProcess
 from supervisor.process.terminate import Signaller
-from supervisor.runtime.lifecycle import closing, deciding, hangs, jobwide, lingering
+from supervisor.runtime.lifecycle import closing, deciding, hangs, incident, jobwide, lingering
 from supervisor.runtime.lifecycle.deciding import Judgement, Memory
 from supervisor.runtime.lifecycle.ended import GenerationEnded
 from supervisor.runtime.lifecycle.ending import Ender
@@ -137,7 +138,7 @@ class Loop:
         if job.multi and news is None and over is None and failed and not waited_for:
             over = await self._announce_end(job_gen, gen)
         if not stopping:
-            await self._examine(gen)
+            news = await self._examine(gen, job_gen, news) or news
         gen.trouble_at = (
             None
             if gen.result is GroupResult.SUCCEEDED and news is None and not stopping
@@ -151,10 +152,18 @@ class Loop:
             raise Stopped
         return ended
 
-    async def _examine(self, gen: Generation) -> None:
-        """Before the kill: who is hung, or whether a rank that outlived its peers was done."""
+    async def _examine(
+        self, gen: Generation, job_gen: JobGeneration, news: tuple[PeerNews, str] | None
+    ) -> tuple[PeerNews, str] | None:
+        """Before the kill: who is hung (across the job, where a hang is the job's), or
+        whether a rank that outlived its peers was done; the news this node follows
+        when the job blames another node's rank."""
         ft = self._cfg.ft
-        if gen.missed is not None:
+        took_part, follows = await incident.examine(
+            gen, self._monitor, self._job.board(job_gen), job_gen, news=news, node=self._node, ft=ft,
+            clock=self._clock, events=self._events, signals=self._signals,
+        )  # fmt: skip
+        if gen.missed is not None and not took_part:
             await hangs.name_hung(
                 gen,
                 self._monitor,
@@ -176,6 +185,7 @@ class Loop:
                 events=self._events,
                 signals=self._signals,
             )
+        return follows
 
     async def _decide(self, ended: GenerationEnded) -> Judgement | None:
         """evidence -> classification -> decision -> the node's health; None: it succeeded."""
@@ -191,12 +201,20 @@ class Loop:
             policy = self._cfg.policy.policy
             judgement, self.memory = deciding.judge(evidence, self._plugins, policy, memory, now=now,
                                                     bundle=ended.bundle)  # fmt: skip
+        if ended.job_blame is not None:  # the job's blame of a hang: every node's reason.json names it
+            judgement = replace(judgement, job_blame=ended.job_blame)
         self._record(judgement)
-        # the node's ledger records a hardware-looking failure; one too many, and a
-        # restart becomes this node's leaving (--node-quarantine)
+        if ended.job_blame is not None and (desync := desync_decision(ended.job_blame)) is not None:
+            # a program error, judged across the job: it overrides this node's own decision (as
+            # its health does, below), and is recorded as such
+            self._record(judgement := judgement.adopting(desync))
+        # the node's ledger records a hardware-looking failure (or its rank that the job
+        # blamed for a hang); one too many, and a restart becomes this node's leaving
+        # (--node-quarantine)
         c = judgement.classification
         nature, rule = (None, None) if c is None else (c.nature, c.rule)
-        screened = await self._health.after(judgement.decision, nature, rule, ended.number)
+        screened = await self._health.after(judgement.decision, nature, rule, ended.number,
+                                            culprit=ended.job_blame is not None)  # fmt: skip
         if screened is not judgement.decision:
             self._record(judgement := judgement.adopting(screened))
         return judgement
@@ -279,6 +297,7 @@ class Loop:
     async def _announce_end(self, job_gen: JobGeneration, gen: Generation) -> JobOver | None:
         why = "stopping" if self.stop_signal is not None else f"generation {gen.number} {gen.result}"
         try:
+            await incident.declare(self._job.board(job_gen), job_gen, gen, self._clock)  # a hang: the job's
             await self._job.announce_end(job_gen, why)
             if self.stop_signal is not None:
                 # the others need not wait for this node's keep-alive to go stale

@@ -74,12 +74,14 @@ class NodeHealth:
         return refused
 
     async def after(
-        self, decision: Decision, nature: str | None, rule: str | None, generation: int
-    ) -> Decision:
+        self, decision: Decision, nature: str | None, rule: str | None, generation: int, *,
+        culprit: bool = False,
+    ) -> Decision:  # fmt: skip
         """Record the mark a decision leaves; a restart that crosses the threshold
         becomes this node's leaving."""
         now = self._clock.wall()
-        mark = mark_of(decision, nature, rule, now=now, run_id=self._run_id, generation=generation)
+        mark = mark_of(decision, nature, rule, now=now, run_id=self._run_id, generation=generation,
+                       culprit=culprit)  # fmt: skip
         if mark is None and self.cfg.quarantine is None:
             return decision
         ledger = await self._load()

@@ -1,0 +1,169 @@
+"""A hang's incident across the job, on virtual time: this node runs for real (its fake
+ranks wait in a collective, or one sleeps in its own code); the other node is scripted
+(tests/fast/fakes_job.py: ``Peer``) and answers through an in-memory store. The
+agreement's corners: a node that never answers is silent (its ranks blamed, this node's
+not); a summary that comes after the members were fixed is read by nobody; both nodes
+declaring at once make one incident; the culprit here is the one named hung and marked.
+The real exchange over torch's store: tests/integration/test_job_blame.py."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import orjson
+import pytest
+
+from supervisor.coord import incidents
+from supervisor.core.jobwide import PeerNews
+from supervisor.core.node_summary import NodeSummary, RankEvidence, summarize_node
+from supervisor.core.stacks import read
+from supervisor.runreport import summary as report
+from supervisor.runtime.lifecycle.hangs import READ_BOUND
+from tests.fast.fakes import Rank
+from tests.fast.fakes_job import Peer, Round, ScriptedJob
+from tests.fast.harness import Run, supervise
+
+STACKS = Path(__file__).parent.parent / "fixtures" / "stacks"
+WAITING = (STACKS / "allreduce_rank0.txt").read_text()  # inside all_reduce
+OWN_CODE = (STACKS / "allreduce_rank1.txt").read_text()  # asleep in its own code
+OPTIONS = ("--max-restarts", "1", "--ft-rank-section-timeouts", "step:1", "--ft-num-warmup-iterations", "0")
+
+
+def hangs_at(step: int, own_code_rank: int | None = None, later: float = 0.01):  # type: ignore[no-untyped-def]
+    """Every rank of this node stops inside its step at ``step`` of generation 0: in the
+    collective, or (``own_code_rank``) in its own code; later generations' steps take ``later`` s
+    (20 of them when that is long: the run outlasts a late peer)."""
+
+    async def script(r: Rank) -> int | None:
+        r.hello(stack_signal=signal.SIGUSR1)
+        r.stacks = OWN_CODE if r.rank == own_code_rank else WAITING
+        for i in range(8 if later < 0.1 else 20):
+            r.send("section", op="open", name="step")
+            if r.generation == 0 and i == step:
+                await r.hang()
+            await r.sleep(0.01 if r.generation == 0 else later)
+            r.send("section", op="close", name="step")
+            r.send("iteration", iteration=i)
+        return 0
+
+    return script
+
+
+def node1(rank3: str = OWN_CODE) -> NodeSummary:
+    """Node 1's summary: rank 2 waits in the all_reduce, rank 3 stands where ``rank3`` says."""
+    ranks = [RankEvidence(2, reading=read(WAITING)), RankEvidence(3, reading=read(rank3))]
+    return summarize_node(1, "node1", "generation 0", 0, ranks)
+
+
+def blamed(run: Run) -> dict:  # type: ignore[type-arg]
+    return run.one("job_blame")
+
+
+def reason(run: Run) -> dict:  # type: ignore[type-arg]
+    return orjson.loads((run.rundir / "reason.json").read_bytes())  # type: ignore[no-any-return]
+
+
+def test_the_culprit_on_the_other_node_is_named_and_this_node_only_follows(tmp_path: Path) -> None:
+    job = ScriptedJob(Round(node_rank=0, peers=[Peer(node1(), after=0.3)]), Round())
+    run = supervise(tmp_path, hangs_at(3), *OPTIONS, job=lambda: job)
+    assert run.code == 0, run.story()
+    verdict = blamed(run)
+    assert (verdict["rule"], verdict["ranks"], verdict["nodes"], verdict["silent"]) == (
+        "own_code",
+        [3],
+        [1],
+        [],
+    )
+    assert verdict["summaries"] == [0, 1] and verdict["waiting"] == [0, 1, 2]
+    # within the bound after the declaration: node 1 answered 0.3 s after this node published
+    assert 0.3 <= verdict["seconds"] < incidents.WAIT
+    # none of this node's ranks is charged; it follows, naming the culprit
+    assert run.named("rank_hung") == [] and run.named("node_health_marked") == []
+    assert run.decisions() == [("restart", "peer_failed")]
+    assert "rank(s) 3 on node(s) 1 (node1)" in run.named("decision")[0]["detail"]
+    assert reason(run)["job_blame"]["ranks"] == [3] and reason(run)["job_blame"]["nodes"] == [1]
+    # the incident was declared before the end was announced, and the bundle has every summary
+    board = job.boards[0]
+    assert board.kv[incidents.DECLARED] == b"1" and orjson.loads(board.kv[incidents.MEMBERS]) == [0, 1]
+    assert job.told.announced == [(0, "generation 0 failed")]
+    # the report's incident row names the job's culprit, not this node's ranks
+    (incident,) = report.build(run.rundir).incidents
+    assert (incident[1].rank, incident[1].node, incident[1].blame) == (3, 1, "own_code")
+    assert "the job blamed rank 3 on node 1 (own_code)" in report.text(report.build(run.rundir), None)
+
+
+def test_a_node_that_never_answers_is_silent_and_its_ranks_are_blamed_not_this_nodes(tmp_path: Path) -> None:
+    job = ScriptedJob(Round(node_rank=0, peers=[Peer(None)]), Round())
+    run = supervise(tmp_path, hangs_at(3), *OPTIONS, job=lambda: job)
+    assert run.code == 0, run.story()
+    verdict = blamed(run)
+    assert (verdict["rule"], verdict["ranks"], verdict["nodes"], verdict["silent"]) == (
+        "node_silent", [2, 3], [1], [1])  # fmt: skip
+    assert verdict["summaries"] == [0]
+    # the bound, then the verdict: as long as node 1 may take to gather (the stacks' 2 s,
+    # no bundle here, 1 s to read dumps) and 2 s more, from the declaration
+    assert verdict["seconds"] == pytest.approx(2.0 + READ_BOUND + incidents.WAIT, abs=0.1)
+    assert run.named("rank_hung") == [] and run.decisions() == [("restart", "peer_failed")]
+
+
+def test_a_summary_after_the_members_were_fixed_is_read_by_nobody(tmp_path: Path) -> None:
+    late = 2.0 + READ_BOUND + incidents.WAIT + 0.5  # past the wait (see the silent node's)
+    job = ScriptedJob(Round(node_rank=0, peers=[Peer(node1(), after=late)]), Round())
+    run = supervise(tmp_path, hangs_at(3, later=0.5), *OPTIONS, job=lambda: job)  # 10 s: past ``late``
+    assert run.code == 0, run.story()
+    board = job.boards[0]
+    # node 1's summary did arrive (while generation 1 ran), but after this node fixed the
+    # members without it: every node (node 1 too, reading the same members) judges without it
+    assert incidents.summary_key(1) in board.kv
+    assert orjson.loads(board.kv[incidents.MEMBERS]) == [0]
+    assert blamed(run)["silent"] == [1] and blamed(run)["summaries"] == [0]
+
+
+def test_both_nodes_declaring_make_one_incident_and_a_node_that_only_heard_takes_part(
+    tmp_path: Path,
+) -> None:
+    """Node 1 declared first (its wall clock: 0), then this node's own deadline passes:
+    one incident, the first declaration's time kept. In the next run, node 1's news comes
+    before this node's own deadline: it takes part all the same."""
+    both = ScriptedJob(Round(node_rank=0, peers=[Peer(node1(), declares=True)]), Round())
+    run = supervise(tmp_path / "both", hangs_at(3), *OPTIONS, job=lambda: both)
+    assert run.code == 0, run.story()
+    board = both.boards[0]
+    assert board.kv[incidents.DECLARED] == b"2" and board.kv[incidents.AT] == repr(0.0).encode()
+    assert blamed(run)["ranks"] == [3] and run.decisions() == [("restart", "peer_failed")]
+
+    news = (0.5, PeerNews.ENDED, "node 1 (node1): generation 0 failed")
+    heard = ScriptedJob(Round(node_rank=0, news=news, peers=[Peer(node1(), declares=True)]), Round())
+    run = supervise(
+        tmp_path / "heard", hangs_at(3), *OPTIONS, job=lambda: heard
+    )  # the news, 0.5 s before its deadline
+    assert run.code == 0, run.story()
+    assert run.named("deadline_missed") == [] and heard.told.announced == []
+    assert blamed(run)["ranks"] == [3] and blamed(run)["summaries"] == [0, 1]
+    assert run.decisions() == [("restart", "peer_failed")]
+
+
+def test_the_culprit_here_is_named_hung_by_the_jobs_blame_and_its_node_marked(tmp_path: Path) -> None:
+    job = ScriptedJob(Round(node_rank=0, peers=[Peer(node1(rank3=WAITING), after=0.1)]), Round())
+    run = supervise(tmp_path, hangs_at(3, own_code_rank=1), *OPTIONS, job=lambda: job)
+    assert run.code == 0, run.story()
+    assert (blamed(run)["ranks"], blamed(run)["nodes"]) == ([1], [0])
+    (hung,) = run.named("rank_hung")
+    assert (hung["rank"], hung["blamed_by"]) == (1, "job_blame")
+    assert run.decisions() == [("restart", "rank_hung")]
+    assert [m["kind"] for m in run.named("node_health_marked")] == ["hang"]
+
+
+def test_a_culprit_here_whose_node_only_heard_the_news_is_named_hung_all_the_same(tmp_path: Path) -> None:
+    """Node 1 declared; this node's own deadline has not passed yet (none of its ranks
+    missed one), but the job's blame names its rank 1: the job's deadline stands for it."""
+    news = (0.5, PeerNews.ENDED, "node 1 (node1): generation 0 failed")
+    peers = [Peer(node1(rank3=WAITING), declares=True)]
+    job = ScriptedJob(Round(node_rank=0, news=news, peers=peers), Round())
+    run = supervise(tmp_path, hangs_at(3, own_code_rank=1), *OPTIONS, job=lambda: job)
+    assert run.code == 0, run.story()
+    assert run.named("deadline_missed") == [] and job.told.announced == []
+    (hung,) = run.named("rank_hung")
+    assert (hung["rank"], hung["blamed_by"]) == (1, "job_blame")
+    assert run.decisions() == [("restart", "rank_hung")]
