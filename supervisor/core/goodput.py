@@ -47,10 +47,12 @@ recomputation
     the last checkpoint saved (``checkpoint_reported`` ``saved``, any rank, any
     generation) at or before failed at -> failed at, but never before the
     generation stepped: the work since then is done again. Without such a
-    checkpoint, all of the generation's stepping time.
+    checkpoint, all of the generation's stepping time. Where the next generation
+    restored from memory snapshots (``snapshot_restored``) a step newer than that
+    checkpoint, the iterations since that step at the generation's own pace.
 iterations lost
-    the generation's last iteration minus the checkpoint's (or the generation's
-    first minus one), when ranks reported iterations.
+    the generation's last iteration minus the checkpoint's or the restored
+    snapshot's (or the generation's first minus one), when ranks reported iterations.
 productive
     stepping time not lost to recomputation.
 goodput
@@ -70,6 +72,7 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from supervisor.core import goodput_tally as tally
 from supervisor.core.catalogue.checkpoints import CheckpointReported
 from supervisor.core.catalogue.daemon import RunFinished, RunStarted
 from supervisor.core.catalogue.generation import (
@@ -87,6 +90,7 @@ from supervisor.core.catalogue.ranks import (
     RankStepping,
     WorkloadRequest,
 )
+from supervisor.core.catalogue.snapshots import SnapshotRestored
 from supervisor.core.goodput_figures import Incident, Summary
 from supervisor.core.goodput_tally import Tally, cause_rank, int_of, num, str_of
 
@@ -124,6 +128,7 @@ class Ledger:
             JobDecision.NAME: self._job_decision,
             JobBlame.NAME: self._job_blame,
             WorkloadRequest.NAME: self._workload_request,
+            SnapshotRestored.NAME: self._snapshot_restored,
         }
         for sign in _SIGNS:
             self._handlers[sign] = functools.partial(self._sign, sign)
@@ -213,6 +218,12 @@ class Ledger:
         gen = self._gen(record)
         if gen is not None and record.get("action") not in (None, "continue"):
             gen.mark(WorkloadRequest.NAME, t, t, int_of(record, "rank"))
+
+    def _snapshot_restored(self, record: Mapping[str, Any], t: float) -> None:
+        found = tally.restored_from_memory(record)
+        before = None if found is None else self._gens.get(found[0])
+        if found is not None and before is not None:  # every rank restores the same step
+            before.restored = found[1] if before.restored is None else min(before.restored, found[1])
 
     def _checkpoint(self, record: Mapping[str, Any], t: float) -> None:
         if record.get("checkpoint") != "saved":
@@ -355,6 +366,10 @@ class Ledger:
         base = max((b for b in (ckpt_iteration, first) if b is not None), default=None)
         last = gen.last_iteration
         lost_iterations = None if last is None or base is None else max(0, last - base)
+        recomputation = max(0.0, failed - max(anchor, started))
+        redone = tally.redone_since_snapshot(gen, failed, stepped)  # memory snapshots: newer than a save
+        if redone is not None and (lost_iterations is None or redone[1] <= lost_iterations):
+            recomputation, lost_iterations = min(recomputation, redone[0]), redone[1]
         return Incident(
             generation=gen.number,
             action=gen.action,
@@ -367,7 +382,7 @@ class Ledger:
             noticed_at=noticed,
             detection=noticed - failed,
             restart=None if restart is None else max(0.0, restart),
-            recomputation=max(0.0, failed - max(anchor, started)),
+            recomputation=recomputation,
             checkpoint_at=ckpt_at if ckpt_at is not None and ckpt_at >= stepped else None,
             iterations_lost=lost_iterations,
             node=gen.culprit[1] if gen.culprit else None,

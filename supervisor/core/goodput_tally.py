@@ -34,6 +34,7 @@ class Tally:
     detail: str = ""
     blamed: int | None = None
     culprit: tuple[int, int | None, str] | None = None  # the job's blame: rank, its node, rule
+    restored: int | None = None  # the step the next generation restored from memory snapshots
 
     def mark(self, sign: str, failed_at: float, noticed_at: float, rank: int | None) -> None:
         if self.started is None or self.ended is not None:
@@ -47,6 +48,27 @@ class Tally:
     @property
     def failing(self) -> bool:
         return self.decided or self.result == "failed" or (self.ended is None and self.failed_at is not None)
+
+
+def restored_from_memory(record: Mapping[str, Any]) -> tuple[int, int] | None:
+    """A ``snapshot_restored`` of a held snapshot: the generation it ended the failure of
+    (the one before), and the step restored; None for anything else."""
+    generation, step = int_of(record, "generation"), int_of(record, "step")
+    if generation is None or step is None or record.get("source") not in ("memory", "peer"):
+        return None
+    return generation - 1, step
+
+
+def redone_since_snapshot(gen: Tally, failed: float, stepped: float) -> tuple[float, int] | None:
+    """The work done again after a restore from a memory snapshot: the iterations since its
+    step, and their time at the generation's own pace (its iterations over its stepping
+    time: the ledger sees no single step's time); None without a restore or iterations."""
+    if gen.restored is None or gen.first_iteration is None or gen.last_iteration is None:
+        return None
+    lost = max(0, gen.last_iteration - gen.restored)
+    span = max(0.0, failed - stepped)
+    steps = gen.last_iteration - gen.first_iteration + 1
+    return (span if steps <= 0 else min(span, lost * span / steps)), lost
 
 
 def cause_rank(decision: Mapping[str, Any]) -> int:

@@ -88,6 +88,33 @@ def test_a_crash_after_a_checkpoint() -> None:
     balanced(s)
 
 
+
+def test_a_restore_from_memory_snapshots_loses_only_the_steps_since_the_snapshot() -> None:
+    # gen 0 steps 0..16 from 2.5 to 8.0 (17 iterations in 5.5 s); the disk checkpoint is at 10;
+    # gen 1 restores step 15 from the ranks' memory: one iteration done again, not six
+    restored = [ev("snapshot_restored", 9.0, generation=1, rank=r, step=15, source="memory", bytes=1)
+                for r in (0, 1)]  # fmt: skip
+    events = [
+        ev("run_started", 0.0),
+        *generation(0, 1.0, (2.0, 2.5)),
+        saved(0, 5.0, iteration=10),
+        *crash(0, 8.0, iteration=16),
+        *generation(1, 8.4, (9.5, 10.0)),
+        *restored,
+        *success(1, 20.0, iteration=40),
+        ev("run_finished", 20.5, exit_code=0),
+    ]
+    (i,) = feed(events).incidents
+    assert i.iterations_lost == 1
+    assert i.recomputation == pytest.approx(5.5 / 17)  # one iteration at the generation's pace
+    balanced(feed(events))
+    # restored from disk (or an older snapshot than the checkpoint): the checkpoint counts
+    older = [ev(n, r["t_wall"], **{**r, "step": 3}) for n, r in restored]
+    from_disk = [e for e in events if e[0] != "snapshot_restored"]
+    for run in (from_disk, [*from_disk[:-2], *older, *from_disk[-2:]]):
+        (j,) = feed(run).incidents
+        assert (j.iterations_lost, j.recomputation) == (6, pytest.approx(3.0))
+
 def test_a_hang_is_dated_at_the_ranks_last_sign_of_life() -> None:
     events = [
         ev("run_started", 0.0),
