@@ -52,7 +52,7 @@ class JobSnapshots:
     def __init__(self, held: HeldSnapshots, replicas: Replicas, replicator: Replicator, events: EventLog,
                  clock: Clock, *, inbox: Callable[[], Any]) -> None:  # fmt: skip
         """``inbox``: the monitor's (its ``identity`` and ``send``), where answers go."""
-        self._held, self._replicas, self._replicator = held, replicas, replicator
+        self._held, self.replicas, self.replicator = held, replicas, replicator
         self._events, self._clock, self._inbox = events, clock, inbox
         self._published: dict[int, NodeHeld] = {}
         self._listening = asyncio.Event()  # the replica endpoint is up (or could not be)
@@ -66,20 +66,20 @@ class JobSnapshots:
         """Take replicas and serve them back; send this node's to the next node."""
         try:
             try:
-                await self._replicas.start()
+                await self.replicas.start()
             except OSError as exc:
-                self._replicas.endpoint = None
+                self.replicas.endpoint = None
                 self._events.emit(SnapshotReplicaRejected(node=None, rank=None, step=None,
                                                           why=f"no replica endpoint: {exc}"))  # fmt: skip
             self._listening.set()
-            await self._replicator.run()
+            await self.replicator.run()
         finally:
-            await self._replicas.close()
+            await self.replicas.close()
 
     def describe(self, now: float) -> dict[str, Any]:
-        return {**self._replicator.describe(now), "endpoint": self._replicas.endpoint,
-                "replicas": {str(r): list(s) for r, s in self._replicas.steps().items()},
-                "replica_bytes": self._replicas.bytes}  # fmt: skip
+        return {**self.replicator.describe(now), "endpoint": self.replicas.endpoint,
+                "replicas": {str(r): list(s) for r, s in self.replicas.steps().items()},
+                "replica_bytes": self.replicas.bytes}  # fmt: skip
 
     # -- the ranks' requests (in front of HeldSnapshots.handle) ---------------------------
 
@@ -143,8 +143,8 @@ class JobSnapshots:
         # every rank this node holds, of this generation or one it ran before the order changed
         held = held_steps(self._held.table, set(ranks) | set(self._held.table))
         mine = {r: tuple(s) for r, s in held.items() if s}
-        record = NodeHeld(job_gen.node_rank, tuple(sorted(ranks)), mine, self._replicas.steps(),
-                          self._replicas.endpoint, self._replicas.token)  # fmt: skip
+        record = NodeHeld(job_gen.node_rank, tuple(sorted(ranks)), mine, self.replicas.steps(),
+                          self.replicas.endpoint, self.replicas.token)  # fmt: skip
         await in_thread(lambda: rnd.publish(joined, record), "snapshots-publish")
         published = await in_thread(lambda: rnd.gather(joined, n, GATHER_S, self._clock), "snapshots-gather")
         # the next node takes this node's replicas from now on (membership may have changed)
@@ -154,7 +154,7 @@ class JobSnapshots:
         if endpoint is not None and after is not None:
             host, port = parse_endpoint(endpoint)
             peer = Peer(after, host, port, published[after].token)
-        self._replicator.target(peer, job_gen.generation, job_gen.node_rank)
+        self.replicator.target(peer, job_gen.generation, job_gen.node_rank)
         self._published = published
         return decide(published, n)
 
@@ -172,13 +172,13 @@ class JobSnapshots:
             if record.endpoint is None:
                 return None, f"node {node} keeps rank {rank}'s step {step} but has no endpoint", []
             try:
-                await self._fetch_one(record, rank, step, job_gen.node_rank)
+                await self.fetch_one(record, rank, step, job_gen.node_rank)
             except (OSError, WireError, TimeoutError, ValueError) as exc:
                 return None, f"rank {rank}'s step {step} from node {node}: {type(exc).__name__}: {exc}", []
             fetched.append(rank)
         return step, decision.why, fetched
 
-    async def _fetch_one(self, record: NodeHeld, rank: int, step: int, node_rank: int) -> None:
+    async def fetch_one(self, record: NodeHeld, rank: int, step: int, node_rank: int) -> None:
         assert record.endpoint is not None
         host, port = parse_endpoint(record.endpoint)
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT)

@@ -51,6 +51,7 @@ class Replicas:
         self.endpoint: str | None = None
         self._server: asyncio.Server | None = None
         self._told: set[str] = set()  # reasons of refusal told
+        self._writers: set[asyncio.StreamWriter] = set()  # connections open now
         self.taken = 0  # replicas kept complete
         self.served = 0  # replicas served back
 
@@ -72,6 +73,8 @@ class Replicas:
         return self.endpoint
 
     async def close(self) -> None:
+        for writer in list(self._writers):  # a copy in flight ends with the daemon
+            writer.transport.abort()
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):
@@ -85,6 +88,7 @@ class Replicas:
     # -- one connection: replicas offered, one after the other, or a fetch ---------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
         try:
             while True:
                 try:
@@ -104,6 +108,7 @@ class Replicas:
         except (ConnectionError, WireError, OSError) as exc:
             self._reject({}, f"the sender went away: {exc}")
         finally:
+            self._writers.discard(writer)
             writer.close()
 
     def _largest(self) -> int:
