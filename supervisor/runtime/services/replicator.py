@@ -33,7 +33,7 @@ from supervisor.core.job_snapshots import pause
 from supervisor.core.memory_snapshots import Complete
 from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.services.held_snapshots import TAKEN_EVERY, HeldSnapshots
-from supervisor.runtime.services.snapshot_wire import CHUNK, WireError, read_chunk, read_header, send_header
+from supervisor.runtime.services.snapshot_wire import CHUNK, read_header, send_header
 
 CONNECT_TIMEOUT = 5.0
 ANSWER_TIMEOUT = 30.0  # seconds the receiver may take to say go, or to verify what it wrote
@@ -129,8 +129,8 @@ class Replicator:
             return
         try:
             await self._send(rank, complete, peer, str(stage))
-        except (OSError, WireError, TimeoutError) as exc:
-            self._close()
+        except Exception as exc:
+            self._close()  # never the daemon's loop: the copies stop until the next agreement
             self._fail(rank, complete, peer, f"{type(exc).__name__}: {exc}")
 
     async def _send(self, rank: int, complete: Complete, peer: Peer, stage: str) -> None:
@@ -149,18 +149,17 @@ class Replicator:
         if not go.get("ok"):
             self._fail(rank, complete, peer, f"the peer refused it: {go.get('why')}")
             return
-        fd = os.open(stage, os.O_RDONLY | os.O_CLOEXEC)
+        loop = asyncio.get_running_loop()
         started = time.monotonic()  # the pace is real bandwidth, whatever the daemon's clock
-        try:
+        with open(stage, "rb") as f:  # noqa: ASYNC230 - opening a tmpfs file does not block
             for offset in range(0, complete.nbytes, CHUNK):
                 size = min(CHUNK, complete.nbytes - offset)
                 wait = pause(offset, self.rate, time.monotonic() - started)
                 if wait > 0:
                     await asyncio.sleep(wait)
-                writer.write(await asyncio.to_thread(read_chunk, fd, offset, size))
-                await writer.drain()
-        finally:
-            os.close(fd)
+                # the kernel copies from the file to the socket (sendfile): no pass through
+                # the daemon's memory, and the loop never waits on a full socket
+                await loop.sendfile(writer.transport, f, offset, size)
         verdict = await read_header(reader, ANSWER_TIMEOUT)
         if verdict.get("ok"):
             self._kept(rank, complete, peer)
@@ -187,7 +186,9 @@ class Replicator:
     def _close(self) -> None:
         if self._conn is not None:
             with contextlib.suppress(Exception):
-                self._conn[1].close()
+                # at once, whatever is buffered: the peer drops the copy in flight (a close
+                # would first flush what is queued, to a peer that may not read it)
+                self._conn[1].transport.abort()
             self._conn = None
 
     def describe(self, now: float) -> dict[str, Any]:
