@@ -16,10 +16,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import xxhash
 
 from supervisor.clock import SYSTEM
 from supervisor.core.job_snapshots import NodeHeld
+from supervisor.runtime.lifecycle.start import _loop_factory
 from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.services.held_snapshots import HeldSnapshots
 from supervisor.runtime.services.job_snapshots import JobSnapshots, across_nodes
@@ -80,8 +82,18 @@ async def until(predicate: Callable[[], object], what: str = "the condition") ->
         await asyncio.sleep(0.005)
 
 
-def run(tmp: Path, body: Callable[[Path], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(body(tmp), 30))
+@pytest.fixture(params=["asyncio", "daemon"])
+def loop(request: pytest.FixtureRequest) -> Callable[[], asyncio.AbstractEventLoop]:
+    """asyncio's own loop (sendfile), and the daemon's (uvloop where installed: reads and writes)."""
+    return asyncio.new_event_loop if request.param == "asyncio" else _loop_factory
+
+
+Loop = Callable[[], asyncio.AbstractEventLoop]
+
+
+def run(loop: Loop, tmp: Path, body: Callable[[Path], Awaitable[None]]) -> None:
+    with asyncio.Runner(loop_factory=loop) as runner:
+        runner.run(asyncio.wait_for(body(tmp), 30))
 
 
 def payload(step: int, size: int) -> bytes:
@@ -89,7 +101,9 @@ def payload(step: int, size: int) -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
-def test_a_complete_snapshot_reaches_the_peer_verified_and_comes_back_byte_for_byte(tmp_path: Path) -> None:
+def test_a_complete_snapshot_reaches_the_peer_verified_and_comes_back_byte_for_byte(
+    tmp_path: Path, loop: Loop
+) -> None:
     async def body(tmp: Path) -> None:
         sender, keeper, fresh = Node(tmp, "a", rate=1 << 30), Node(tmp, "b"), Node(tmp, "c")
         for n in (sender, keeper):
@@ -118,10 +132,12 @@ def test_a_complete_snapshot_reaches_the_peer_verified_and_comes_back_byte_for_b
             for n in (sender, keeper):
                 await n.stop()
 
-    run(tmp_path, body)
+    run(loop, tmp_path, body)
 
 
-def test_a_peer_that_vanishes_mid_copy_is_told_once_and_loses_no_complete_replica(tmp_path: Path) -> None:
+def test_a_peer_that_vanishes_mid_copy_is_told_once_and_loses_no_complete_replica(
+    tmp_path: Path, loop: Loop
+) -> None:
     async def body(tmp: Path) -> None:
         sender, keeper = Node(tmp, "a", rate=4 << 20), Node(tmp, "b")  # 4 MiB/s: 8 MiB take 2 s
         for n in (sender, keeper):
@@ -148,10 +164,12 @@ def test_a_peer_that_vanishes_mid_copy_is_told_once_and_loses_no_complete_replic
         finally:
             await sender.stop()
 
-    run(tmp_path, body)
+    run(loop, tmp_path, body)
 
 
-def test_a_sender_that_vanishes_mid_copy_costs_the_keeper_no_complete_replica(tmp_path: Path) -> None:
+def test_a_sender_that_vanishes_mid_copy_costs_the_keeper_no_complete_replica(
+    tmp_path: Path, loop: Loop
+) -> None:
     async def body(tmp: Path) -> None:
         sender, keeper = Node(tmp, "a", rate=4 << 20), Node(tmp, "b")
         for n in (sender, keeper):
@@ -171,11 +189,11 @@ def test_a_sender_that_vanishes_mid_copy_costs_the_keeper_no_complete_replica(tm
         finally:
             await keeper.stop()
 
-    run(tmp_path, body)
+    run(loop, tmp_path, body)
 
 
 def test_a_bad_header_is_refused_before_anything_is_written_and_bad_bytes_are_not_kept(
-    tmp_path: Path,
+    tmp_path: Path, loop: Loop
 ) -> None:
     async def body(tmp: Path) -> None:
         keeper = Node(tmp, "b", budget=1 << 20)
@@ -211,4 +229,4 @@ def test_a_bad_header_is_refused_before_anything_is_written_and_bad_bytes_are_no
         finally:
             await keeper.stop()
 
-    run(tmp_path, body)
+    run(loop, tmp_path, body)

@@ -55,6 +55,9 @@ def test_a_killed_node_restores_from_its_peers_replica(start: Start, endpoint: s
     survivor, lost = first[0], first[1]
     # both ranks hold step HOLD_AT and nothing after it; the lost node's is kept by its peer
     wait_until(lambda: replicated(lost, 1) == HOLD_AT, 60, "rank 1's step held by node 0", interval=0.3)
+    human = subprocess.run([sys.executable, "-m", "supervisor", "status", "--pid", str(lost.pid)],
+                           capture_output=True, text=True, timeout=30, check=False).stdout  # fmt: skip
+    assert f"replication: to node 0 at {256 << 20} B/s; rank 1 step {HOLD_AT} (0 steps" in human, human
     lost.signal(signal.SIGKILL)  # the whole node: its daemon, its rank and its standby
     for spawned in lost.events("rank_spawned"):
         with contextlib.suppress(ProcessLookupError):

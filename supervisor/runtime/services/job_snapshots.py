@@ -57,6 +57,7 @@ class JobSnapshots:
         self._published: dict[int, NodeHeld] = {}
         self._listening = asyncio.Event()  # the replica endpoint is up (or could not be)
         self._agreeing: set[int] = set()  # generations whose step is not pinned yet
+        self._latest = -1  # the newest generation joined: an older agreement pins nothing
         self._waiting: list[tuple[schema.SnapshotRestore, bytes | None, Collection[int]]] = []
         self.tasks: set[asyncio.Task[None]] = set()
 
@@ -95,7 +96,8 @@ class JobSnapshots:
             if m.gen != generation:
                 self._waiting.append((m, identity, ranks))
             elif identity is not None:
-                answer = self._held.restore(m, ranks)
+                # a generation already over gets nothing (and pins nothing over the newer one's)
+                answer = self._held.restore(m, ranks) if generation == self._latest else {"step": None}
                 self._inbox().send(identity, schema.encode("ack", id=m.id, **answer))
 
     # -- a generation joined --------------------------------------------------------------
@@ -105,6 +107,9 @@ class JobSnapshots:
         node's) restore; their restore requests wait until then."""
         if job_gen.joined is None:
             return  # a node alone: its own memory decides (HeldSnapshots)
+        for old in self.tasks:  # the generation it was for is over
+            old.cancel()
+        self._latest = job_gen.generation
         self._agreeing.add(job_gen.generation)
         task = asyncio.get_running_loop().create_task(self._agree(job_gen, ranks), name="snapshots-agree")
         self.tasks.add(task)
@@ -128,7 +133,8 @@ class JobSnapshots:
             step, why = None, f"the agreement failed: {type(exc).__name__}: {exc}"
         finally:
             sources = {rank: "peer" if rank in peers else "memory" for rank in ranks}
-            self._held.pin(gen, step, sources if step is not None else {})
+            if gen == self._latest:  # never over a newer generation's step
+                self._held.pin(gen, step, sources if step is not None else {})
             self._agreeing.discard(gen)
             self._answer_waiting(gen)
         self._events.emit(SnapshotsAgreed(generation=gen, step=step, why=why,

@@ -30,6 +30,7 @@ from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.services.held_snapshots import HeldSnapshots
 from supervisor.runtime.services.snapshot_wire import (
     CHUNK,
+    STREAM_LIMIT,
     WireError,
     read_chunk,
     read_header,
@@ -66,7 +67,7 @@ class Replicas:
         return self._held.directory / f"replica.rank{rank}.{slot}"
 
     async def start(self) -> str:
-        self._server = await asyncio.start_server(self._serve, self._host, 0)
+        self._server = await asyncio.start_server(self._serve, self._host, 0, limit=STREAM_LIMIT)
         port = self._server.sockets[0].getsockname()[1]
         host = f"[{self._host}]" if ":" in self._host else self._host
         self.endpoint = f"{host}:{port}"

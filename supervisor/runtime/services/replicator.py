@@ -33,7 +33,7 @@ from supervisor.core.job_snapshots import pause
 from supervisor.core.memory_snapshots import Complete
 from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.services.held_snapshots import TAKEN_EVERY, HeldSnapshots
-from supervisor.runtime.services.snapshot_wire import CHUNK, read_header, send_header
+from supervisor.runtime.services.snapshot_wire import CHUNK, read_chunk, read_header, send_header
 
 CONNECT_TIMEOUT = 5.0
 ANSWER_TIMEOUT = 30.0  # seconds the receiver may take to say go, or to verify what it wrote
@@ -79,6 +79,7 @@ class Replicator:
         self._told: dict[int, tuple[int | None, float]] = {}  # rank -> (generation, when) told
         self._failed = False  # the peer failed: nothing goes to it until the next target
         self.torn = 0  # staged copies dropped: the rank began the slot again meanwhile
+        self._sendfile = True  # until the loop says it cannot
 
     def offer(self, rank: int, slot: int) -> None:
         """A slot just completed (``HeldSnapshots.on_complete``): the newest to send."""
@@ -157,14 +158,26 @@ class Replicator:
                 wait = pause(offset, self.rate, time.monotonic() - started)
                 if wait > 0:
                     await asyncio.sleep(wait)
-                # the kernel copies from the file to the socket (sendfile): no pass through
-                # the daemon's memory, and the loop never waits on a full socket
-                await loop.sendfile(writer.transport, f, offset, size)
+                await self._chunk(loop, writer, f, offset, size)
         verdict = await read_header(reader, ANSWER_TIMEOUT)
         if verdict.get("ok"):
             self._kept(rank, complete, peer)
         else:
             self._fail(rank, complete, peer, f"the peer did not keep it: {verdict.get('why')}")
+
+    async def _chunk(
+        self, loop: asyncio.AbstractEventLoop, writer: asyncio.StreamWriter, f: Any, offset: int, size: int
+    ) -> None:
+        if self._sendfile:
+            # the kernel copies from the file to the socket: no pass through the daemon's
+            # memory, and the loop never waits on a full socket
+            try:
+                await loop.sendfile(writer.transport, f, offset, size, fallback=False)
+                return
+            except (NotImplementedError, asyncio.SendfileNotAvailableError):
+                self._sendfile = False  # uvloop's transports, for one: read and write instead
+        writer.write(await asyncio.to_thread(read_chunk, f.fileno(), offset, size))
+        await writer.drain()
 
     def _kept(self, rank: int, complete: Complete, peer: Peer) -> None:
         self.replicated[rank] = complete
