@@ -75,8 +75,8 @@ class Node:
         return [e for e in map(json.loads, lines) if e["event"] == name]
 
 
-async def until(predicate: Callable[[], object], what: str = "the condition") -> None:
-    deadline = asyncio.get_running_loop().time() + DEADLINE
+async def until(predicate: Callable[[], object], what: str = "condition", timeout: float = DEADLINE) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.005)

@@ -125,10 +125,11 @@ class JobSnapshots:
             assert joined is not None
             node = job_gen.node_rank
             await in_thread(lambda: rnd.publish_ready(joined, node, ready, why), "snapshots-ready")
-            answers = await in_thread(
-                lambda: rnd.gather_ready(joined, n, READY_S, self._clock), "snapshots-all"
-            )
-            step, why = confirm(answers, n)
+            if ready is not None:  # not ready itself: nothing the others say can make a step
+                answers = await in_thread(
+                    lambda: rnd.gather_ready(joined, n, READY_S, self._clock), "snapshots-all"
+                )
+                step, why = confirm(answers, n)
         except Exception as exc:  # a store gone, a peer gone: no memory restore, never a stuck rank
             step, why = None, f"the agreement failed: {type(exc).__name__}: {exc}"
         finally:
