@@ -2,7 +2,7 @@
 steps. Two daemons on loopback as one job (a c10d store hosted here), one rank each
 (``_snapshot_rank.py``: ``--sizes`` MB of state, ``--step-ms`` steps, rounds without and
 with ``client.snapshot`` every step), once with ``--snapshot-replication-rate 0`` and once
-with ``--rate``, alternately, ``--pairs`` times. Figures: the median step with snapshots,
+with ``--rate``, ``--pairs`` times, each first in turn. Figures: the median step with snapshots,
 without and with replication, per node, and the peer's replication lag at the end.
 
 How to run (from the repository root, in the project's virtualenv)::
@@ -86,8 +86,8 @@ def main() -> None:
     steps: dict[str, list[float]] = {"0": [], args.rate: []}
     snaps: dict[str, list[float]] = {"0": [], args.rate: []}
     started = time.monotonic()
-    for _ in range(args.pairs):
-        for rate in ("0", args.rate):
+    for pair in range(args.pairs):
+        for rate in ("0", args.rate) if pair % 2 == 0 else (args.rate, "0"):  # either first in turn
             for r in run_job(args, out, rate):
                 (size,) = r["sizes"]
                 steps[rate].append(size["step_with"])

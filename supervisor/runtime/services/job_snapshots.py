@@ -37,7 +37,13 @@ from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.services.held_snapshots import HeldSnapshots, SnapshotMessage
 from supervisor.runtime.services.replicas import Replicas
 from supervisor.runtime.services.replicator import CONNECT_TIMEOUT, Peer, Replicator, parse_endpoint
-from supervisor.runtime.services.snapshot_wire import WireError, read_header, receive_into, send_header
+from supervisor.runtime.services.snapshot_wire import (
+    STREAM_LIMIT,
+    WireError,
+    read_header,
+    receive_into,
+    send_header,
+)
 from supervisor.transport import schema
 
 if TYPE_CHECKING:
@@ -45,6 +51,7 @@ if TYPE_CHECKING:
 
 GATHER_S = 2.0  # seconds every node's record may take (the nodes joined together: milliseconds)
 FETCH_S = 30.0  # seconds a chunk of a replica fetched back may take
+MAX_WAITING = 4096  # restore requests held at once (a rank asks once; beyond: nothing restored)
 READY_S = 60.0  # seconds the nodes may take to fetch what they lack and say they are ready
 
 
@@ -86,6 +93,8 @@ class JobSnapshots:
 
     def handle(self, m: SnapshotMessage, ranks: Collection[int]) -> dict[str, Any] | None:
         if isinstance(m, schema.SnapshotRestore) and m.gen in self._agreeing:
+            if len(self._waiting) >= MAX_WAITING:
+                return {"step": None}  # never this node's own step before the job's
             self._waiting.append((m, self._inbox().identity, ranks))  # answered once pinned
             return None
         return self._held.handle(m, ranks)
@@ -188,7 +197,8 @@ class JobSnapshots:
     async def fetch_one(self, record: NodeHeld, rank: int, step: int, node_rank: int) -> None:
         assert record.endpoint is not None
         host, port = parse_endpoint(record.endpoint)
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT)
+        opening = asyncio.open_connection(host, port, limit=STREAM_LIMIT)
+        reader, writer = await asyncio.wait_for(opening, CONNECT_TIMEOUT)
         try:
             await send_header(writer, {"kind": "fetch", "token": record.token, "node": node_rank,
                                        "rank": rank, "step": step})  # fmt: skip
