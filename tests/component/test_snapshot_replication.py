@@ -54,9 +54,11 @@ class Node:
     async def stop(self) -> None:
         """The daemon ends (or dies): its copies in flight end with it."""
         if self.task is not None:
-            self.task.cancel()
-            await asyncio.gather(self.task, return_exceptions=True)
-            await self.replicas.close()
+            cancelled = self.task.cancel()
+            done, _ = await asyncio.wait([self.task], timeout=5)
+            # a copy that swallowed the cancel (3.11's wait_for did) would hold the daemon's exit
+            assert done, f"not ended 5 s after its cancel ({cancelled}): {self.task!r}"
+            self.replicas.close()
 
     def peer(self, node: int) -> Peer:
         assert self.replicas.endpoint is not None

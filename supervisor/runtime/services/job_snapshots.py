@@ -82,7 +82,7 @@ class JobSnapshots:
             self._listening.set()
             await self.replicator.run()
         finally:
-            await self.replicas.close()
+            self.replicas.close()
 
     def describe(self, now: float) -> dict[str, Any]:
         return {**self.replicator.describe(now), "endpoint": self.replicas.endpoint,
@@ -155,7 +155,8 @@ class JobSnapshots:
         joined, n = job_gen.joined, job_gen.nnodes
         assert joined is not None
         with contextlib.suppress(TimeoutError):  # without an endpoint: nothing replicated here
-            await asyncio.wait_for(self._listening.wait(), GATHER_S)
+            async with asyncio.timeout(GATHER_S):  # never wait_for: see snapshot_wire
+                await self._listening.wait()
         # every rank this node holds, of this generation or one it ran before the order changed
         held = held_steps(self._held.table, set(ranks) | set(self._held.table))
         mine = {r: tuple(s) for r, s in held.items() if s}
@@ -198,7 +199,8 @@ class JobSnapshots:
         assert record.endpoint is not None
         host, port = parse_endpoint(record.endpoint)
         opening = asyncio.open_connection(host, port, limit=STREAM_LIMIT)
-        reader, writer = await asyncio.wait_for(opening, CONNECT_TIMEOUT)
+        async with asyncio.timeout(CONNECT_TIMEOUT):
+            reader, writer = await opening
         try:
             await send_header(writer, {"kind": "fetch", "token": record.token, "node": node_rank,
                                        "rank": rank, "step": step})  # fmt: skip

@@ -17,7 +17,6 @@ a header without the token is refused before anything is written.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import secrets
 from typing import Any
@@ -73,13 +72,13 @@ class Replicas:
         self.endpoint = f"{host}:{port}"
         return self.endpoint
 
-    async def close(self) -> None:
+    def close(self) -> None:
+        """Stop listening, and end the copies in flight: at once, nothing awaited (this runs
+        while the daemon's tasks are cancelled, on its way out)."""
         for writer in list(self._writers):  # a copy in flight ends with the daemon
             writer.transport.abort()
         if self._server is not None:
             self._server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)
             self._server = None
 
     def forget(self) -> None:

@@ -137,7 +137,8 @@ class Replicator:
     async def _send(self, rank: int, complete: Complete, peer: Peer, stage: str) -> None:
         if self._conn is None:
             opening = asyncio.open_connection(peer.host, peer.port)
-            self._conn = await asyncio.wait_for(opening, CONNECT_TIMEOUT)
+            async with asyncio.timeout(CONNECT_TIMEOUT):  # never wait_for: see snapshot_wire
+                self._conn = await opening
         reader, writer = self._conn
         header: dict[str, Any] = {"kind": "replica", "token": peer.token, "job": self.job,
                                   "node": self.node_rank, "rank": rank, "step": complete.step,

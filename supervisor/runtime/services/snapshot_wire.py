@@ -4,7 +4,9 @@ A header is four bytes of length (big-endian) and a JSON object of at most
 ``MAX_HEADER`` bytes; the receiver reads and checks it (``core.job_snapshots.read_offer``)
 before it writes anything. The bytes follow in chunks; files are read and written in
 the default executor's threads, a chunk at a time, so that a copy of gigabytes never
-holds the daemon's loop for more than a chunk's hand-over.
+holds the daemon's loop for more than a chunk's hand-over. Deadlines are
+``asyncio.timeout``: Python 3.11's ``wait_for`` can swallow a cancellation that comes as
+its awaitable completes, and a copy task that swallowed the daemon's cancel never ended.
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ async def send_header(writer: asyncio.StreamWriter, header: dict[str, Any]) -> N
 
 async def read_header(reader: asyncio.StreamReader, timeout: float) -> dict[str, Any]:
     try:
-        size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), timeout), "big")
+        async with asyncio.timeout(timeout):
+            size = int.from_bytes(await reader.readexactly(4), "big")
         if not 0 < size <= MAX_HEADER:
             raise WireError(f"a header of {size} bytes (at most {MAX_HEADER})")
-        raw = orjson.loads(await asyncio.wait_for(reader.readexactly(size), timeout))
+        async with asyncio.timeout(timeout):
+            raw = orjson.loads(await reader.readexactly(size))
     except (asyncio.IncompleteReadError, ConnectionError, TimeoutError) as exc:
         raise WireError(f"the other side went away: {type(exc).__name__}") from None
     except ValueError as exc:
@@ -72,7 +76,8 @@ async def receive_into(reader: asyncio.StreamReader, fd: int, nbytes: int, timeo
     while done < nbytes:
         want = min(CHUNK, nbytes - done)
         try:
-            data = await asyncio.wait_for(reader.readexactly(want), timeout)
+            async with asyncio.timeout(timeout):
+                data = await reader.readexactly(want)
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError) as exc:
             raise WireError(f"the other side went away after {done} of {nbytes} bytes: "
                             f"{type(exc).__name__}") from None  # fmt: skip
