@@ -332,7 +332,19 @@ def _snapshots_line(snap: dict[str, Any], shown: int = 8) -> str:
     held = ", ".join(f"rank {r} step {v['step']} ({_age(v['age_s'])} ago, {v['bytes']} B)"
                      for r, v in ranks[:shown])  # fmt: skip
     more = f", {len(ranks) - shown} more ranks" if len(ranks) > shown else ""
-    return f"snapshots: {snap['bytes']} of {snap['budget']} bytes; {held}{more}"
+    line = f"snapshots: {snap['bytes']} of {snap['budget']} bytes; {held}{more}"
+    return line + (f"\n{_replication_line(snap['replication'])}" if snap.get("replication") else "")
+
+
+def _replication_line(rep: dict[str, Any], shown: int = 8) -> str:
+    """Replicated to the next node: the peer, and per rank the step it keeps and the lag."""
+    peer = rep.get("peer")
+    to = "no peer" if not peer else f"to node {peer['node']}" + (" (failed)" if peer.get("failed") else "")
+    ranks = list((rep.get("ranks") or {}).items())
+    kept = ", ".join(f"rank {r} step {v['replicated_step']} ({v['lag_steps']} steps, {v['lag_s']} s behind)"
+                     if v.get("replicated_step") is not None else f"rank {r} none yet"
+                     for r, v in ranks[:shown])  # fmt: skip
+    return f"replication: {to} at {rep.get('rate')} B/s; {kept or 'nothing held'}"
 
 
 def render_status(s: dict[str, Any]) -> str:

@@ -44,7 +44,10 @@ BEGIN_TIMEOUT = 1.0  # the daemon answers a begin in well under a millisecond wh
 # reserved its pages in a thread: 0.4 s a GB on an idle 2-core machine, plus the thread's
 # turn and the loop's, each a second or more on a loaded one
 RESERVE_WAIT, RESERVE_RATE = 3.0, 256 << 20  # seconds, and bytes per second
-RESTORE_TIMEOUT = 5.0
+# a multi-node job answers once every node agreed on the step and fetched what it lacks
+# from its peer (runtime.services.job_snapshots: at most ~65 s); a rank that gave up
+# sooner would start afresh beside ranks that restored
+RESTORE_TIMEOUT = 90.0
 BACKGROUND_TIMEOUT = 60.0  # the previous snapshot's checksum, before its slot is overwritten
 EXIT_FLUSH_TIMEOUT = 2.0  # at exit: the last snapshot's checksum and done message
 SLOT_NAME = re.compile(r"rank(\d+)\.([01])")
@@ -83,9 +86,9 @@ def snapshot(state: Mapping[str, Any], step: int, *, timeout: float = BEGIN_TIME
 
 
 def restore(*, timeout: float = RESTORE_TIMEOUT) -> tuple[int, dict[str, Any]] | None:
-    """``(step, state)``: the newest step that every rank of the node holds complete, as
+    """``(step, state)``: the newest step that every rank of the job holds complete, as
     this rank snapshotted it; None when there is none, no daemon supervises this rank or
-    none answered within ``timeout`` seconds.
+    none answered within ``timeout`` seconds (a multi-node job answers once its nodes agreed).
 
     The slot is checked against the size and checksum the daemon recorded before any of
     it is used: a mismatch returns None with one line on stderr saying why, never a torn

@@ -185,6 +185,7 @@ def build_run_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> RunC
         autoresume=ns.autoresume,
         mtbf=_mtbf(ns.mtbf),
         snapshot_memory=memory.parse(str(ns.snapshot_memory), memory.mem_total()),
+        snapshot_replication_rate=memory.parse_rate(str(ns.snapshot_replication_rate)),
         stop_signals=stops,
         standby=not ns.no_standby and ns.max_restarts > 0,
         cgroups=not ns.no_cgroups,

@@ -29,6 +29,18 @@ def mem_total() -> int:
         return 0
 
 
+REPLICATION_DEFAULT = "256M"  # bytes a second: see --snapshot-replication-rate's help
+RATE_FORMS = "bytes a second such as 256M, 1G or 0 (off)"
+
+
+def parse_rate(text: str) -> int:
+    """``--snapshot-replication-rate``: bytes a second (the same suffixes; 0 is off)."""
+    found = _BYTES.fullmatch(text.strip().lower() if len(text) <= _MAX_CHARS else "")
+    if found is None:
+        raise ConfigError(f"--snapshot-replication-rate {text[:_MAX_CHARS]!r}: expected {RATE_FORMS}")
+    return int(found.group(1)) * _UNITS[found.group(2)]
+
+
 def parse(text: str, total: int) -> int:
     """Bytes meant by ``text``; ``total``: the node's memory a fraction is of."""
     value = text.strip().lower() if len(text) <= _MAX_CHARS else ""

@@ -243,6 +243,15 @@ def add_supervisor_options(f: Any) -> None:
         "slots together: bytes (512M, 2G) or a fraction of the node's memory (default 0.25; 0: "
         "none); never more than /dev/shm's free space. A snapshot beyond it is refused, training goes on",
     )
+    _opt(
+        f,
+        "--snapshot-replication-rate",
+        default=memory.REPLICATION_DEFAULT,
+        help="multi-node: the most bytes a second this node's daemon sends of its ranks' snapshots to the "
+        "next node's, which keeps them (within its --snapshot-memory) for a node that is lost and "
+        "replaced: 256M (the default: a tenth of a 25 Gb/s link, left to the training's own traffic, "
+        "a 100 MB snapshot replicated in 0.4 s), 1G, 0 (none)",
+    )
     _opt(f, "--log-level", default="info", choices=["debug", "info", "warning", "error"],
          action=hosting.StoreGiven, help="the daemon's log level (default info)")  # fmt: skip
     _opt(f, "--log-format", default="human", choices=["human", "json"],

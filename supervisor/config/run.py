@@ -216,6 +216,7 @@ class RunConfig:
     autoresume: bool = False  # create finished_flag when the job completes
     mtbf: float | None = None  # a prior mean time between failures, for the advised checkpoint interval
     snapshot_memory: int | None = None  # bytes the ranks' snapshots may take; None: a quarter of RAM
+    snapshot_replication_rate: int = 256 << 20  # bytes/s to the next node's daemon; 0: none
     stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
     standby: bool = True
     fork_server: bool = True  # ranks forked from one process that preloaded (process/forkserver.py)

@@ -211,6 +211,15 @@ SENTENCES: dict[str, Callable[[Fields], str | list[str]]] = {
     "snapshot_restored": lambda f: f"rank {f.get('rank')}: step {f.get('step')} from {f.get('source')} "
     f"({_mb(f.get('bytes'))})",
     "snapshots_released": lambda f: f"{_s(f.get('files'), 'file')}, {_mb(f.get('bytes'))}",
+    "snapshots_agreed": lambda f: f"generation {f.get('generation')}: "
+    + (f"the job restores step {f.get('step')}" if f.get("step") is not None else "no memory restore")
+    + f" ({f.get('why')})",
+    "snapshot_replicated": lambda f: f"rank {f.get('rank')}: step {f.get('step')} kept by node "
+    f"{f.get('peer')} ({_mb(f.get('bytes'))}, {f.get('seconds')} s after it was taken)",
+    "snapshot_replication_failed": lambda f: f"rank {f.get('rank')}: step {f.get('step')} not kept by node "
+    f"{f.get('peer')} ({f.get('why')}); no more copies to it this generation",
+    "snapshot_replica_rejected": lambda f: f"a replica from node {f.get('node')} (rank {f.get('rank')}, step "
+    f"{f.get('step')}) not kept: {f.get('why')}",
     "run_started": _run_started,
     "plugins_loaded": _plugins_loaded,
     "hosting": _hosting,

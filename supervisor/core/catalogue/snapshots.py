@@ -35,7 +35,7 @@ class SnapshotRestored(Event, name="snapshot_restored"):
     generation: int | None
     rank: int
     step: int
-    source: str  # memory
+    source: str  # memory, or peer (a replica another node's daemon kept, fetched at start)
     bytes: int
 
 
@@ -45,3 +45,57 @@ class SnapshotsReleased(Event, name="snapshots_released"):
     bytes: int
     files: int
     directory: str | None = None
+
+
+class SnapshotsAgreed(Event, name="snapshots_agreed"):
+    """The nodes of a job agreed which step a generation's ranks restore from memory (or none).
+
+    The newest step every rank of the job holds complete, in its own node's memory or a
+    peer's replica; None: no memory restore this generation, and why (a node that did not
+    publish in time, no common step, a replica that could not be fetched): the ranks start
+    from disk or afresh."""
+
+    generation: int | None
+    step: int | None
+    why: str
+    peers: list[int]  # this node's ranks whose step comes from a peer's replica
+    seconds: float  # from this node's join to the agreement
+
+
+class SnapshotReplicated(Event, name="snapshot_replicated"):
+    """A rank's complete snapshot is kept by the next node's daemon (sampled: once a minute).
+
+    A rank's first of a generation, then one a minute: the copies go on every step."""
+
+    generation: int | None
+    rank: int
+    step: int
+    bytes: int
+    peer: int  # the node rank that keeps it
+    seconds: float  # from the snapshot's completion here to the peer's verified copy
+
+
+class SnapshotReplicationFailed(Event, name="snapshot_replication_failed", level=WARNING):
+    """Replicas cannot reach the next node: it vanished mid-copy, refused one, or is unreachable.
+
+    Told once per peer and generation; the snapshots held here are untouched, and the copies
+    resume when the job agrees on a peer again (the next generation)."""
+
+    generation: int | None
+    rank: int
+    step: int
+    peer: int
+    why: str
+
+
+class SnapshotReplicaRejected(Event, name="snapshot_replica_rejected", level=WARNING):
+    """This daemon refused a replica another node offered, or lost one mid-copy.
+
+    A header that does not check out, no room in --snapshot-memory, bytes that do not match
+    their checksum, a sender gone mid-copy. Once per reason; the replicas it kept complete
+    are untouched."""
+
+    node: int | None
+    rank: int | None
+    step: int | None
+    why: str

@@ -14,7 +14,9 @@ import asyncio
 import logging
 import os
 import secrets
+import socket
 from collections.abc import Coroutine
+from dataclasses import replace
 from typing import Any
 
 import zmq
@@ -24,7 +26,7 @@ from supervisor import log
 from supervisor.checkpoints.sync import CheckpointSync
 from supervisor.clock import SYSTEM, Clock
 from supervisor.config.run import RunConfig
-from supervisor.coord.job import LocalJob, RendezvousJob
+from supervisor.coord.job import JobGeneration, LocalJob, RendezvousJob
 from supervisor.core.notable import nccl_tears_down
 from supervisor.core.topology import RunIdentity, token_entry
 from supervisor.process.tail import LogFollower
@@ -45,6 +47,7 @@ from supervisor.runtime.records.rundir import RunDir
 from supervisor.runtime.services.checkpoint_interval import IntervalAdvice
 from supervisor.runtime.services.control import ControlServer
 from supervisor.runtime.services.held_snapshots import HeldSnapshots, remove_stale
+from supervisor.runtime.services.job_snapshots import JobSnapshots, across_nodes
 from supervisor.runtime.services.kernellog import KernelLog
 from supervisor.runtime.services.loopwatch import LoopWatch
 from supervisor.runtime.services.metrics import close_metrics, refresh_metrics, start_metrics
@@ -138,6 +141,15 @@ class Supervisor:
             signals=self._signaller,
             group=lambda coro: self._group().create_task(coro),
         )  # fmt: skip
+        # across nodes: the job agrees on the step, replicas go to the next node's daemon
+        self.job_snapshots: JobSnapshots | None = None
+        if self.job.multi and cfg.rdzv is not None:
+            self.job_snapshots = across_nodes(
+                self.snapshots, events, clock, rate=cfg.snapshot_replication_rate, job=cfg.run_id,
+                host=cfg.rdzv.local_addr or socket.getfqdn(), inbox=lambda: self.monitor.inbox,
+            )  # fmt: skip
+            self.monitor.snapshots.handler = self.job_snapshots.handle
+            self.loop.on_joined = self._joined
         self.commands = Commands(self.loop, events=events, hosting=self.hosting, stopping=self._stopping,
                                  force=self._force, status=self._status)  # fmt: skip
         self._control_server = ControlServer(sockets.control, self.commands.control, events, clock)
@@ -170,6 +182,8 @@ class Supervisor:
                     tg.create_task(refresh_metrics(self.metrics, self._status)),
                     tg.create_task(self._check_reverse_dns()),
                 ]
+                if self.job_snapshots is not None:
+                    background.append(tg.create_task(self.job_snapshots.run()))
                 try:
                     refused = await self.health.at_start()  # a quarantined node starts no rank
                     loop = self.loop
@@ -228,9 +242,15 @@ class Supervisor:
             loop_watch=self.loop_watch,
             launcher=self._launcher,
             advice=self.advice.describe(),
-            snapshots=self.snapshots.describe(now),
+            snapshots=self.snapshots.describe(now)
+            | ({} if self.job_snapshots is None else {"replication": self.job_snapshots.describe(now)}),
             slow_lookups=self._slow_lookups,
         )
+
+    def _joined(self, job_gen: JobGeneration) -> None:
+        assert self.job_snapshots is not None
+        topology = replace(self.cfg.topology, nnodes=job_gen.nnodes, node_rank=job_gen.node_rank)
+        self.job_snapshots.joined(job_gen, [s.rank for s in topology.slots()])
 
     def _group(self) -> asyncio.TaskGroup:
         assert self._tg is not None, "run() first"

@@ -71,6 +71,8 @@ class Loop:
         self._plugins, self._node = plugins, node
         self._stopping, self._reported, self._group, self._signals = stopping, reported, group, signals
         self.stop_signal: int | None = None  # set by the daemon with ``stopping``
+        # a generation joined, before its ranks launch (the job's snapshot agreement starts)
+        self.on_joined: Callable[[JobGeneration], None] = lambda job_gen: None
         self.memory = Memory(Budget(cfg.max_restarts, cfg.policy.restart_window))
         self.current: Generation | None = None  # the generation launched last
         self.job_gen: JobGeneration | None = None  # the job generation this node is in
@@ -102,6 +104,7 @@ class Loop:
             upcoming.hold(gen)
             self.job_gen = None  # nothing owed to the job until this node has joined
             job_gen = self.job_gen = await self._unless_stopped(job.join(gen.number))
+            self.on_joined(job_gen)
             topology = replace(self._cfg.topology, nnodes=job_gen.nnodes, node_rank=job_gen.node_rank)
             upcoming.hold(gen := await launcher.fit(gen, topology))
             await self._unless_stopped(self._checkpoints.restored.wait())  # before any script runs

@@ -27,7 +27,7 @@ import fcntl
 import os
 import shutil
 import stat
-from collections.abc import Awaitable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +93,17 @@ class HeldSnapshots:
         self._pinned: tuple[int, int | None] | None = None  # (generation, step)
         self._restored: tuple[int, set[int]] = (-1, set())  # the generation, its ranks told restored
         self._lock: int | None = None  # held while the directory is ours (remove_stale tries it)
+        # across nodes (runtime.services.job_snapshots): the bytes of replicas and staging
+        # the same budget holds, a slot just completed (to replicate), each rank's source
+        self.extra: Callable[[], int] = lambda: 0
+        self.on_complete: Callable[[int, int], None] = lambda rank, slot: None
+        self._sources: Mapping[int, str] = {}  # rank -> where its pinned step came from
 
     @property
     def total(self) -> int:
         growing = {key: size for key, (_, size) in self._growing.items()}
-        return sum(max(self.sizes.get(key, 0), growing.get(key, 0)) for key in self.sizes.keys() | growing)
+        held = sum(max(self.sizes.get(key, 0), growing.get(key, 0)) for key in self.sizes.keys() | growing)
+        return held + self.extra()  # and the replicas this node keeps for its peer
 
     def path(self, rank: int, slot: int) -> Path:
         return self.directory / f"rank{rank}.{slot}"
@@ -149,6 +155,7 @@ class HeldSnapshots:
             self.ignored += 1
             detail = f"rank {m.rank} slot {m.slot}: not begun in generation {m.gen} or {m.nbytes} > {size}"
             raise Dropped(DropReason.SNAPSHOT_UNBEGUN, detail)
+        self.on_complete(m.rank, m.slot)
         told = self._taken.get(m.rank)
         if told is None or told[0] != m.gen or now - told[1] >= TAKEN_EVERY:
             self._taken[m.rank] = (m.gen, now)
@@ -168,10 +175,52 @@ class HeldSnapshots:
         self._restored = told
         if m.rank not in told[1]:  # once per rank and generation, however often it asks
             told[1].add(m.rank)
+            source = self._sources.get(m.rank, "memory")
             self._events.emit(SnapshotRestored(generation=m.gen, rank=m.rank, step=held.step,
-                                               source="memory", bytes=held.nbytes))  # fmt: skip
+                                               source=source, bytes=held.nbytes))  # fmt: skip
         return {"step": held.step, "path": str(self.path(m.rank, slot)), "bytes": held.nbytes,
                 "checksum": held.checksum, "slot": slot}  # fmt: skip
+
+    def pin(self, generation: int, step: int | None, sources: Mapping[int, str]) -> None:
+        """The step ``generation`` restores, agreed by the whole job, and where each rank's
+        came from (``memory``, ``peer``): before any rank of it asks."""
+        self._pinned, self._sources = (generation, step), dict(sources)
+
+    def reserve(self, rank: int, slot: int, nbytes: int) -> Path | str:
+        """The slot file, sized for ``nbytes`` within the budget and marked incomplete, for
+        the daemon itself to fill (a peer's replica); or why not."""
+        slots = self._slots(rank)
+        if slots is None:
+            return f"more than {MAX_RANKS} ranks on this node"
+        slots.begin(slot, -1, self._clock.monotonic())
+        have = self.sizes.get((rank, slot), 0)
+        if nbytes > have:
+            if self.total - have + nbytes > self.budget:
+                return f"{nbytes} bytes for rank {rank} would exceed the budget of {self.budget}"
+            try:
+                self.grow(self.path(rank, slot), nbytes)
+            except OSError as exc:
+                return f"{self.path(rank, slot)}: {exc.strerror or exc}"
+            self.sizes[rank, slot] = nbytes
+        return self.path(rank, slot)
+
+    def adopt(self, rank: int, slot: int, step: int, nbytes: int, checksum: str) -> bool:
+        """A reserved slot the daemon filled and verified is complete."""
+        slots, size = self.table.get(rank), self.sizes.get((rank, slot), 0)
+        now = self._clock.monotonic()
+        recorded = None if slots is None else slots.done(slot, -1, step, nbytes, checksum, size=size, now=now)
+        return recorded is not None
+
+    def grow(self, path: Path, size: int) -> None:
+        """Create or grow a file the daemon itself writes (a replica, a staged copy, a slot it
+        fills from a peer) in the run's directory (the directory too, at first). Not reserved:
+        the daemon writes every byte of it before anyone maps it."""
+        self._own_directory()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
 
     def _slots(self, rank: int) -> RankSlots | None:
         slots = self.table.get(rank)

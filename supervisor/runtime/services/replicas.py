@@ -1,0 +1,196 @@
+"""Replicas this daemon keeps of another node's ranks, and the endpoint that takes them
+and serves them back.
+
+The previous node in the job's order sends its ranks' complete snapshots here
+(``replicator``); a new daemon on that node, which lost them, asks them back at the start
+of a generation (``job_snapshots``). Per replicated rank two files in the run's shared-
+memory directory, ``replica.rank<R>.<slot>``, within the same --snapshot-memory budget
+as the ranks' own slots. A replica goes into the slot that does not hold the newest
+complete one, so a copy cut off never costs the newest; it is complete only when the
+bytes match the checksum the header gave (the rank's own, recorded by its daemon).
+
+The endpoint listens on the node's address (the one its peers reach it by), on a port
+the kernel picks, and publishes ``host:port`` and a token through the rendezvous store:
+a header without the token is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from typing import Any
+
+from supervisor.clock import Clock
+from supervisor.core.catalogue.snapshots import SnapshotReplicaRejected
+from supervisor.core.job_snapshots import Offer, read_offer
+from supervisor.core.memory_snapshots import Complete, RankSlots
+from supervisor.runtime.records.events import EventLog
+from supervisor.runtime.services.held_snapshots import HeldSnapshots
+from supervisor.runtime.services.snapshot_wire import (
+    CHUNK,
+    STREAM_LIMIT,
+    WireError,
+    read_chunk,
+    read_header,
+    receive_into,
+    send_header,
+)
+
+IDLE = 600.0  # seconds a sender's connection may wait between two replicas
+CHUNK_TIMEOUT = 30.0  # seconds a chunk of a replica in flight may take
+GEN = 0  # replicas have no generation of this daemon's: one for RankSlots' bookkeeping
+
+
+class Replicas:
+    def __init__(self, held: HeldSnapshots, events: EventLog, clock: Clock, *, host: str) -> None:
+        self._held, self._events, self._clock, self._host = held, events, clock, host
+        self.token = secrets.token_hex(16)
+        self.table: dict[int, RankSlots] = {}
+        self.sizes: dict[tuple[int, int], int] = {}
+        self.endpoint: str | None = None
+        self._server: asyncio.Server | None = None
+        self._told: set[str] = set()  # reasons of refusal told
+        self._writers: set[asyncio.StreamWriter] = set()  # connections open now
+        self.taken = 0  # replicas kept complete
+        self.served = 0  # replicas served back
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.sizes.values())
+
+    def steps(self) -> dict[int, tuple[int, ...]]:
+        return {rank: tuple(sorted(s.steps())) for rank, s in self.table.items() if s.steps()}
+
+    def path_of(self, rank: int, slot: int) -> Any:
+        return self._held.directory / f"replica.rank{rank}.{slot}"
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._serve, self._host, 0, limit=STREAM_LIMIT)
+        port = self._server.sockets[0].getsockname()[1]
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        self.endpoint = f"{host}:{port}"
+        return self.endpoint
+
+    def close(self) -> None:
+        """Stop listening, and end the copies in flight: at once, nothing awaited (this runs
+        while the daemon's tasks are cancelled, on its way out)."""
+        for writer in list(self._writers):  # a copy in flight ends with the daemon
+            writer.transport.abort()
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def forget(self) -> None:
+        """The run's directory is gone (released): so are the replicas."""
+        self.table, self.sizes = {}, {}
+
+    # -- one connection: replicas offered, one after the other, or a fetch ---------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            while True:
+                try:
+                    raw = await read_header(reader, IDLE)
+                except WireError:
+                    return  # the sender closed between two replicas, or went away
+                room = self._held.budget - self._held.total
+                offer = read_offer(raw, self.token, limit=max(room, 0) + self._largest())
+                if isinstance(offer, str):
+                    self._reject(raw, offer)
+                    await send_header(writer, {"ok": False, "why": offer})
+                    return
+                if offer.kind == "fetch":
+                    await self._give(offer, writer)
+                elif not await self._take(offer, reader, writer):
+                    return
+        except (ConnectionError, WireError, OSError) as exc:
+            self._reject({}, f"the sender went away: {exc}")
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    def _largest(self) -> int:
+        return max(self.sizes.values(), default=0)
+
+    async def _take(self, offer: Offer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Keep one replica; False when the connection cannot go on."""
+        slots = self.table.setdefault(offer.rank, RankSlots())
+        if offer.step in slots.steps():
+            await send_header(writer, {"ok": True, "have": True})
+            return True
+        # the slot that does not hold the latest kept (by arrival, not step: a job that went
+        # back to an older step from disk sends older steps, and they must cycle)
+        latest = max(slots.complete.items(), key=lambda kv: kv[1].at, default=None)
+        slot = 0 if latest is None else 1 - latest[0]
+        have = self.sizes.get((offer.rank, slot), 0)
+        if offer.nbytes > have:
+            if self._held.total - have + offer.nbytes > self._held.budget:
+                why = f"{offer.nbytes} bytes do not fit --snapshot-memory ({self._held.budget})"
+                self._reject(offer, why)
+                await send_header(writer, {"ok": False, "why": why})
+                return True  # the sender may offer a smaller one later
+            self._held.grow(self.path_of(offer.rank, slot), offer.nbytes)
+            self.sizes[offer.rank, slot] = offer.nbytes
+        slots.begin(slot, GEN, self._clock.monotonic())  # incomplete from here
+        await send_header(writer, {"ok": True})
+        fd = os.open(self.path_of(offer.rank, slot), os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            digest = await receive_into(reader, fd, offer.nbytes, CHUNK_TIMEOUT)
+        except WireError as exc:
+            self._reject(offer, str(exc))
+            return False
+        finally:
+            os.close(fd)
+        if digest != offer.checksum:
+            why = f"bytes whose checksum is {digest}, not the {offer.checksum} the header gave"
+            self._reject(offer, why)
+            await send_header(writer, {"ok": False, "why": why})
+            return True
+        size, now = self.sizes[offer.rank, slot], self._clock.monotonic()
+        slots.done(slot, GEN, offer.step, offer.nbytes, offer.checksum, size=size, now=now)
+        self.taken += 1
+        await send_header(writer, {"ok": True})
+        return True
+
+    async def _give(self, offer: Offer, writer: asyncio.StreamWriter) -> None:
+        """A replica back, or a slot of a rank this node ran before the job's order changed
+        (none of this generation's ranks writes it)."""
+        path, found = self.path_of, self._holding(self.table, offer)
+        if found is None:
+            path, found = self._held.path, self._holding(self._held.table, offer)
+        if found is None:
+            why = f"no replica of rank {offer.rank} step {offer.step}"
+            await send_header(writer, {"ok": False, "why": why})
+            return
+        slot, held = found
+        answer = {"ok": True, "step": held.step, "bytes": held.nbytes, "checksum": held.checksum}
+        await send_header(writer, answer)
+        fd = os.open(path(offer.rank, slot), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            for offset in range(0, held.nbytes, CHUNK):
+                size = min(CHUNK, held.nbytes - offset)
+                writer.write(await asyncio.to_thread(read_chunk, fd, offset, size))
+                await writer.drain()
+        finally:
+            os.close(fd)
+        self.served += 1
+
+    @staticmethod
+    def _holding(table: dict[int, RankSlots], offer: Offer) -> tuple[int, Complete] | None:
+        slots = table.get(offer.rank)
+        return None if slots is None else slots.holding(offer.step)
+
+    def _reject(self, offer: Offer | dict[str, Any], why: str) -> None:
+        reason = why.split(":", maxsplit=1)[0][:60]
+        if reason in self._told:
+            return
+        self._told.add(reason)
+        raw = (
+            offer if isinstance(offer, dict) else {"node": offer.node, "rank": offer.rank, "step": offer.step}
+        )
+        node, rank, step = (
+            v if type(v) is int else None for v in (raw.get(k) for k in ("node", "rank", "step"))
+        )
+        self._events.emit(SnapshotReplicaRejected(node=node, rank=rank, step=step, why=why))

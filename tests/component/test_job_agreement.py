@@ -1,0 +1,130 @@
+"""The job's agreement on the restored step (runtime.services.job_snapshots) through a
+real c10d store (torch's TCPStore, one client a node), two nodes' real pieces in one
+process: a node that lost everything fetches its rank's step from the peer's replica
+before its rank's restore is answered; a node that never publishes means no memory
+restore, answered within the gather's deadline. A rank's restore request waits for the
+agreement: its answer goes to the inbox (``Answers``: the rank's socket, as the
+monitor's inbox would send it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from supervisor.coord.job import JobGeneration
+from supervisor.process.ports import free_port
+from supervisor.runtime.services.job_snapshots import GATHER_S
+from supervisor.transport import schema
+from tests.component.test_snapshot_replication import Node, payload, until
+
+pytestmark = [pytest.mark.torch]
+
+
+@dataclass
+class Answers:
+    """Where the daemon's deferred answers go: (the asker's identity, the ack)."""
+
+    identity: bytes = b"rank"
+    sent: list[tuple[bytes, dict[str, Any]]] = field(default_factory=list)
+
+    def send(self, identity: bytes, payload: bytes) -> bool:
+        self.sent.append((identity, json.loads(payload)))
+        return True
+
+
+def job_generation(port: int, node_rank: int, generation: int = 0) -> JobGeneration:
+    from torch.distributed import PrefixStore, TCPStore  # noqa: PLC0415 - torch only here
+
+    from supervisor.coord.torchrdzv import Patience, PatientStore  # noqa: PLC0415
+
+    client = TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
+    store = PatientStore(PrefixStore(f"round{generation}", client), Patience(5.0))
+    return JobGeneration(generation, node_rank, 2, "127.0.0.1", 0, generation, SimpleNamespace(store=store))  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def store_port() -> Any:
+    from torch.distributed import TCPStore  # noqa: PLC0415
+
+    port = free_port()
+    master = TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False)
+    yield port
+    del master
+
+
+def node(tmp: Path, name: str, answers: Answers, rate: int = 0) -> Node:
+    n = Node(tmp, name, rate=rate)
+    n.job._inbox = lambda: answers  # the monitor's inbox, where answers go
+    return n
+
+
+def test_a_node_that_lost_everything_restores_its_rank_from_the_peers_replica(
+    tmp_path: Path, store_port: int
+) -> None:
+    async def body() -> None:
+        a_answers, b_answers = Answers(), Answers()
+        survivor, lost = node(tmp_path, "a", a_answers), node(tmp_path, "b", Answers(), rate=1 << 30)
+        for n in (survivor, lost):
+            await n.start()
+        # generation 0: node 1 replicates its rank's snapshots to node 0, then is lost whole
+        lost.replicator.target(survivor.peer(0), 0, 1)
+        for step in (1, 2):
+            survivor.take(0, step % 2, step, payload(step, 50_000))
+            lost.take(1, step % 2, step, payload(100 + step, 70_000))
+            await until(lambda s=step: s in survivor.replicas.steps().get(1, ()), "rank 1's replica kept")
+        await lost.stop()
+        replacement = node(tmp_path, "c", b_answers)
+        await replacement.start()
+        try:
+            gens = [job_generation(store_port, n, generation=1) for n in (0, 1)]
+            survivor.job.joined(gens[0], [0])
+            replacement.job.joined(gens[1], [1])
+            # the ranks ask at once: their answers wait for the agreement
+            assert survivor.job.handle(schema.SnapshotRestore(0, 1, "r0"), [0]) is None
+            assert replacement.job.handle(schema.SnapshotRestore(1, 1, "r1"), [1]) is None
+            await until(lambda: a_answers.sent and b_answers.sent, "both answered")
+            (_, a), (_, b) = a_answers.sent[0], b_answers.sent[0]
+            assert (a["id"], a["step"], b["id"], b["step"]) == ("r0", 2, "r1", 2)
+            # the replacement's slot holds what rank 1 snapshotted at step 2, byte for byte
+            assert Path(b["path"]).read_bytes()[: b["bytes"]] == payload(102, 70_000)
+            assert [e["source"] for e in replacement.events("snapshot_restored")] == ["peer"]
+            assert [e["source"] for e in survivor.events("snapshot_restored")] == ["memory"]
+            (agreed,) = replacement.events("snapshots_agreed")
+            assert (agreed["step"], agreed["peers"]) == (2, [1])
+            # from now on the replacement sends its rank's snapshots to node 0 again
+            assert replacement.replicator.peer is not None and replacement.replicator.peer.node == 0
+        finally:
+            for n in (survivor, replacement):
+                await n.stop()
+
+    asyncio.run(asyncio.wait_for(body(), 60))
+
+
+def test_a_node_that_never_publishes_means_no_memory_restore_answered_within_the_deadline(
+    tmp_path: Path, store_port: int
+) -> None:
+    async def body() -> None:
+        answers = Answers()
+        alone = node(tmp_path, "a", answers)
+        await alone.start()
+        try:
+            alone.take(0, 0, 1, payload(1, 1000))
+            started = time.monotonic()
+            alone.job.joined(job_generation(store_port, 0), [0])
+            assert alone.job.handle(schema.SnapshotRestore(0, 0, "r0"), [0]) is None
+            await until(lambda: answers.sent, "answered", timeout=GATHER_S + 10)
+            assert answers.sent[0][1]["step"] is None
+            assert time.monotonic() - started < GATHER_S + 5  # the gather's deadline, not the ready one's
+            (agreed,) = alone.events("snapshots_agreed")
+            assert agreed["step"] is None and "node(s) [1] published nothing" in agreed["why"]
+        finally:
+            await alone.stop()
+
+    asyncio.run(asyncio.wait_for(body(), 60))
