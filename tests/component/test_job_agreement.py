@@ -76,8 +76,8 @@ def test_a_node_that_lost_everything_restores_its_rank_from_the_peers_replica(
         # generation 0: node 1 replicates its rank's snapshots to node 0, then is lost whole
         lost.replicator.target(survivor.peer(0), 0, 1)
         for step in (1, 2):
-            survivor.take(0, step % 2, step, payload(step, 50_000))
-            lost.take(1, step % 2, step, payload(100 + step, 70_000))
+            await survivor.take(0, step % 2, step, payload(step, 50_000))
+            await lost.take(1, step % 2, step, payload(100 + step, 70_000))
             await until(lambda s=step: s in survivor.replicas.steps().get(1, ()), "rank 1's replica kept")
         await lost.stop()
         replacement = node(tmp_path, "c", b_answers)
@@ -115,7 +115,7 @@ def test_a_node_that_never_publishes_means_no_memory_restore_answered_within_the
         alone = node(tmp_path, "a", answers)
         await alone.start()
         try:
-            alone.take(0, 0, 1, payload(1, 1000))
+            await alone.take(0, 0, 1, payload(1, 1000))
             started = time.monotonic()
             alone.job.joined(job_generation(store_port, 0), [0])
             assert alone.job.handle(schema.SnapshotRestore(0, 0, "r0"), [0]) is None

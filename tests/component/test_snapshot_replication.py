@@ -65,9 +65,10 @@ class Node:
         host, _, port = self.replicas.endpoint.rpartition(":")
         return Peer(node, host, int(port), self.replicas.token)
 
-    def take(self, rank: int, slot: int, step: int, data: bytes) -> None:
+    async def take(self, rank: int, slot: int, step: int, data: bytes) -> None:
         """A rank's snapshot of ``step`` into ``slot``, complete."""
-        answer = self.held.begin(schema.SnapshotBegin(rank, 0, "id", slot, len(data)))
+        begun = self.held.begin(schema.SnapshotBegin(rank, 0, "id", slot, len(data)))
+        answer = begun if isinstance(begun, dict) else await begun  # a new slot's pages reserved first
         Path(answer["path"]).write_bytes(data)
         checksum = xxhash.xxh3_64_hexdigest(data)
         self.held.done(schema.SnapshotDone(rank, 0, slot, step, len(data), checksum))
@@ -112,9 +113,9 @@ def test_a_complete_snapshot_reaches_the_peer_verified_and_comes_back_byte_for_b
             await n.start()
         try:
             sender.replicator.target(keeper.peer(1), 0, 0)
-            sender.take(0, 0, 1, payload(1, 300_000))
+            await sender.take(0, 0, 1, payload(1, 300_000))
             await until(lambda: keeper.replicas.steps() == {0: (1,)}, "step 1 kept")
-            sender.take(0, 1, 2, payload(2, 200_000))
+            await sender.take(0, 1, 2, payload(2, 200_000))
             await until(lambda: keeper.replicas.steps() == {0: (1, 2)}, "steps 1 and 2 kept")
             # a new daemon on the lost node, nothing in memory: it fetches step 2 into its slot
             kept = keeper.replicas
@@ -146,13 +147,13 @@ def test_a_peer_that_vanishes_mid_copy_is_told_once_and_loses_no_complete_replic
             await n.start()
         try:
             sender.replicator.target(keeper.peer(1), 0, 0)
-            sender.take(0, 0, 1, payload(1, 4096))
+            await sender.take(0, 0, 1, payload(1, 4096))
             await until(lambda: keeper.replicas.steps() == {0: (1,)}, "step 1 kept")
-            sender.take(0, 1, 2, payload(2, 8 << 20))
+            await sender.take(0, 1, 2, payload(2, 8 << 20))
             await until(lambda: keeper.replicas.table[0].writing, "step 2 in flight")
             await keeper.stop()  # the peer's daemon is gone mid-copy
             await until(lambda: sender.events("snapshot_replication_failed"), "the sender told")
-            sender.take(0, 0, 3, payload(3, 4096))  # more snapshots: no more copies, no more events
+            await sender.take(0, 0, 3, payload(3, 4096))  # more snapshots: no more copies, no more events
             await asyncio.sleep(0.1)
             (failed,) = sender.events("snapshot_replication_failed")
             assert (failed["rank"], failed["step"], failed["peer"]) == (0, 2, 1)
@@ -178,9 +179,9 @@ def test_a_sender_that_vanishes_mid_copy_costs_the_keeper_no_complete_replica(
             await n.start()
         try:
             sender.replicator.target(keeper.peer(1), 0, 0)
-            sender.take(0, 0, 1, payload(1, 4096))
+            await sender.take(0, 0, 1, payload(1, 4096))
             await until(lambda: keeper.replicas.steps() == {0: (1,)}, "step 1 kept")
-            sender.take(0, 1, 2, payload(2, 8 << 20))
+            await sender.take(0, 1, 2, payload(2, 8 << 20))
             await until(lambda: keeper.replicas.table[0].writing, "step 2 in flight")
             await sender.stop()
             await until(lambda: keeper.events("snapshot_replica_rejected"), "the keeper told")
