@@ -95,6 +95,21 @@ class RankSlots:
         self.complete[slot] = Complete(step, nbytes, checksum, now)
         return now - begun[1]
 
+    def unfinished(self, before: int) -> list[int]:
+        """Slots a rank of a generation before ``before`` (its ranks are gone) began and never
+        said done. Not those the daemon fills itself from a peer (generation -1): a fetch cut
+        short has a whole header, sealed by the rank that wrote it, before the rest of it."""
+        return sorted(slot for slot, (generation, _) in self.writing.items() if 0 <= generation < before)
+
+    def seal(self, slot: int, step: int, nbytes: int, checksum: str, *, size: int, now: float) -> bool:
+        """Record an unfinished ``slot`` complete from its header's seal (``sealed``) and the
+        checksum the daemon took of it; False when ``nbytes`` does not fit the slot."""
+        if slot not in self.writing or not HEADER_SIZE <= nbytes <= size:
+            return False
+        del self.writing[slot]
+        self.complete[slot] = Complete(step, nbytes, checksum, now)
+        return True
+
     def steps(self) -> set[int]:
         return {c.step for c in self.complete.values()}
 

@@ -64,3 +64,15 @@ def test_held_steps_counts_a_rank_without_slots_as_holding_nothing() -> None:
     slots.done(0, 0, 5, 1, "a", size=1, now=0.0)
     assert held_steps({0: slots}, [0, 1]) == {0: {5}, 1: set()}
     assert common_step(held_steps({0: slots}, [0])) == 5
+
+
+def test_only_slots_a_gone_generations_rank_began_are_unfinished_and_a_seal_must_fit() -> None:
+    slots = RankSlots()
+    slots.begin(0, 3, now=1.0)
+    slots.begin(1, 4, now=2.0)
+    assert slots.unfinished(before=4) == [0] and slots.unfinished(before=5) == [0, 1]
+    slots.writing[0] = (-1, 3.0)  # the daemon fills it from a peer: never sealed from its header
+    assert slots.unfinished(before=5) == [1]
+    assert not slots.seal(1, 7, 10**9, "ab", size=4096, now=5.0)  # longer than the slot
+    assert slots.seal(1, 7, 4096, "ab", size=4096, now=5.0)
+    assert slots.steps() == {7} and slots.unfinished(before=5) == []

@@ -15,6 +15,7 @@ class SnapshotTaken(Event, name="snapshot_taken"):
     step: int
     bytes: int
     seconds: float | None = None  # from the rank's begin to its done (copy and checksum)
+    sealed: bool = False  # the rank died before its done: recorded from the slot's seal (always told)
 
 
 class SnapshotRefused(Event, name="snapshot_refused", level=WARNING):

@@ -41,6 +41,7 @@ from supervisor.core.catalogue.snapshots import (
 )
 from supervisor.core.memory_snapshots import RankSlots, common_step, held_steps
 from supervisor.runtime.records.events import EventLog
+from supervisor.runtime.services.slot_seals import read_sealed
 from supervisor.transport import schema
 from supervisor.transport.schema import Dropped, DropReason
 
@@ -93,6 +94,7 @@ class HeldSnapshots:
         self._pinned: tuple[int, int | None] | None = None  # (generation, step)
         self._restored: tuple[int, set[int]] = (-1, set())  # the generation, its ranks told restored
         self._lock: int | None = None  # held while the directory is ours (remove_stale tries it)
+        self._sealed: tuple[int, asyncio.Future[int]] | None = None  # (generation, its seal)
         # across nodes (runtime.services.job_snapshots): the bytes of replicas and staging
         # the same budget holds, a slot just completed (to replicate), each rank's source
         self.extra: Callable[[], int] = lambda: 0
@@ -110,6 +112,28 @@ class HeldSnapshots:
 
     # -- the ranks' requests (from the monitor) -------------------------------------------
 
+    async def seal(self, before: int) -> int:
+        """Slots that ranks of generations before ``before`` (gone now) copied whole but died
+        before saying so: recorded complete from their header's seal, with a checksum the
+        daemon takes (in a thread); the number recorded. Anything else stays incomplete."""
+        found = [(rank, slot) for rank, slots in self.table.items() for slot in slots.unfinished(before)]
+        recorded = 0
+        for rank, slot in found:
+            size = self.sizes.get((rank, slot), 0)
+            try:
+                got = await asyncio.to_thread(read_sealed, self.path(rank, slot), size)
+            except OSError:
+                continue
+            slots = self.table.get(rank)
+            if got is None or slots is None:
+                continue
+            step, nbytes, checksum = got
+            if slots.seal(slot, step, nbytes, checksum, size=size, now=self._clock.monotonic()):
+                recorded += 1
+                self._events.emit(SnapshotTaken(generation=before - 1, rank=rank, step=step, bytes=nbytes,
+                                                seconds=None, sealed=True))  # fmt: skip
+        return recorded
+
     def handle(self, m: SnapshotMessage, ranks: Collection[int]) -> Answer:
         """The answer to ``m`` (None: a done, which has none; an awaitable: a begin whose
         slot file is being reserved); ``ranks``: the node's, now. Raises ``Dropped`` for a
@@ -117,6 +141,8 @@ class HeldSnapshots:
         if isinstance(m, schema.SnapshotBegin):
             return self.begin(m)
         if isinstance(m, schema.SnapshotRestore):
+            if any(slots.unfinished(m.gen) for slots in self.table.values()):
+                return self._sealed_then_restore(m, ranks)
             return self.restore(m, ranks)
         self.done(m)
         return None
@@ -221,6 +247,16 @@ class HeldSnapshots:
             os.ftruncate(fd, size)
         finally:
             os.close(fd)
+
+    async def _sealed_then_restore(self, m: schema.SnapshotRestore, ranks: Collection[int]) -> dict[str, Any]:
+        await self.sealed_before(m.gen)
+        return self.restore(m, ranks)
+
+    async def sealed_before(self, before: int) -> None:
+        """``seal`` once per generation, however many ranks (or the job's agreement) ask."""
+        if self._sealed is None or self._sealed[0] != before:
+            self._sealed = (before, asyncio.ensure_future(self.seal(before)))
+        await asyncio.shield(self._sealed[1])
 
     def _slots(self, rank: int) -> RankSlots | None:
         slots = self.table.get(rank)

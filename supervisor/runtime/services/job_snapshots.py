@@ -157,6 +157,7 @@ class JobSnapshots:
         with contextlib.suppress(TimeoutError):  # without an endpoint: nothing replicated here
             async with asyncio.timeout(GATHER_S):  # never wait_for: see snapshot_wire
                 await self._listening.wait()
+        await self._held.sealed_before(job_gen.generation)  # copies whole of ranks gone before their done
         # every rank this node holds, of this generation or one it ran before the order changed
         held = held_steps(self._held.table, set(ranks) | set(self._held.table))
         mine = {r: tuple(s) for r, s in held.items() if s}
