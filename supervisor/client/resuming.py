@@ -43,4 +43,5 @@ def resume(
     choice = choose(None if held is None else held[0], disk_step, disk_loaded=disk_loaded)
     sys.stderr.write(f"supervisor.client: {choice.line()}\n")
     sys.stderr.flush()
+    snapshots.tell("resumed", source=choice.source, step=choice.step, why=choice.why[:400])  # the event
     return Resumed(choice, held[1] if held is not None and choice.source == "memory" else None)

@@ -102,6 +102,13 @@ def restore(*, timeout: float = RESTORE_TIMEOUT) -> tuple[int, dict[str, Any]] |
     return _for(c).restore(timeout)
 
 
+def tell(kind: str, **fields: Any) -> None:
+    """A fire-and-forget message to the daemon about snapshots (nothing without one)."""
+    c = _held.client or _get()
+    if c is not None:
+        c.send(kind, **fields)
+
+
 class _Slot:
     def __init__(self) -> None:
         self.path: str | None = None

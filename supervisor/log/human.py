@@ -208,6 +208,9 @@ SENTENCES: dict[str, Callable[[Fields], str | list[str]]] = {
     f"({_mb(f.get('bytes'))})",
     "snapshot_refused": lambda f: f"rank {f.get('rank')}: {_mb(f.get('bytes'))} not held ({f.get('why')}; "
     f"--snapshot-memory {_mb(f.get('budget'))}); training goes on",
+    "resume_chosen": lambda f: f"rank {f.get('rank')}: "
+    + (f"resumed at step {f.get('step')} from {f.get('source')}" if f.get("source") != "none"
+       else "started from the beginning") + f" ({f.get('why')})",
     "snapshot_restored": lambda f: f"rank {f.get('rank')}: step {f.get('step')} from {f.get('source')} "
     f"({_mb(f.get('bytes'))})",
     "snapshots_released": lambda f: f"{_s(f.get('files'), 'file')}, {_mb(f.get('bytes'))}",

@@ -199,6 +199,18 @@ class SnapshotDone:
 
 
 @dataclass(frozen=True, slots=True)
+class Resumed:
+    """Where the rank resumed from (``client.resume``): ``source`` memory, disk or none, the
+    step (None: from the beginning) and why, in words: fire and forget."""
+
+    rank: int
+    gen: int
+    source: str
+    step: int | None
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
 class SnapshotRestore:
     """The rank asks which of its slots holds the newest step every rank holds complete."""
 
@@ -226,4 +238,5 @@ RankMessage = (
     | SnapshotBegin
     | SnapshotDone
     | SnapshotRestore
+    | Resumed
 )

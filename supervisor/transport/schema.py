@@ -38,6 +38,7 @@ from supervisor.transport.messages import (
     NvrxServed,
     RankMessage,
     RequestAction,
+    Resumed,
     Saved,
     SaverReady,
     Section,
@@ -75,6 +76,7 @@ __all__ = [
     "NvrxServed",
     "RankMessage",
     "RequestAction",
+    "Resumed",
     "Saved",
     "SaverReady",
     "Section",
@@ -294,6 +296,17 @@ def _decode_snapshot_done(m: dict[str, Any], rank: int, gen: int) -> RankMessage
     )  # fmt: skip
 
 
+RESUME_SOURCES = frozenset({"memory", "disk", "none"})
+
+
+def _decode_resumed(m: dict[str, Any], rank: int, gen: int) -> RankMessage:
+    source = _str(m, "source", limit=16)
+    if source not in RESUME_SOURCES:
+        raise Dropped(DropReason.MALFORMED, "source must be memory, disk or none")
+    step = None if m.get("step") is None else _bounded(m, "step", 0, MAX_SNAPSHOT_STEP)
+    return Resumed(rank, gen, source, step, _str(m, "why", optional=True, limit=400) or "")
+
+
 _DECODERS: dict[str, Callable[[dict[str, Any], int, int], RankMessage]] = {
     "hello": _decode_hello,
     "heartbeat": lambda m, rank, gen: Heartbeat(rank, gen),
@@ -315,6 +328,7 @@ _DECODERS: dict[str, Callable[[dict[str, Any], int, int], RankMessage]] = {
     "snapshot_begin": _decode_snapshot_begin,
     "snapshot_done": _decode_snapshot_done,
     "snapshot_restore": lambda m, rank, gen: SnapshotRestore(rank, gen, _str(m, "id", limit=64) or ""),
+    "resumed": _decode_resumed,
 }
 
 

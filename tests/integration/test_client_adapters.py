@@ -223,6 +223,8 @@ def test_megatron_hooks_resume_from_the_memory_snapshot_newer_than_the_disk(
         assert f"rank {rank} generation 1 starts at {step} with work {_chain(step)}" in out, out
     line = f"resuming at step {step} from memory: newer than the disk checkpoint (memory snapshot at step"
     assert err.count(line) == 2, err
+    chosen = {(e["generation"], e["rank"], e["source"], e["step"]) for e in d.events("resume_chosen")}
+    assert {(1, 0, "memory", step), (1, 1, "memory", step)} <= chosen, chosen  # the daemon heard the choice
     assert "rank 0 generation 1 done" in out
 
 

@@ -62,6 +62,9 @@ def test_every_rank_message_round_trips() -> None:
             schema.SnapshotDone(1, 2, 0, 7, 100, "00ab34cd5e6f7890"),
         ),
         (schema.encode("snapshot_restore", rank=1, gen=2, id="r1"), schema.SnapshotRestore(1, 2, "r1")),
+        (schema.encode("resumed", rank=1, gen=2, source="memory", step=9, why="newer"),
+         schema.Resumed(1, 2, "memory", 9, "newer")),
+        (schema.encode("resumed", rank=1, gen=2, source="none", step=None), schema.Resumed(1, 2, "none", None, "")),
     ]
     for payload, expected in cases:
         assert schema.decode_rank_message(payload) == expected
@@ -106,6 +109,9 @@ def test_every_rank_message_round_trips() -> None:
         (_msg(type="snapshot_done", slot=0, step=1, bytes=10, checksum="a" * 17), DropReason.MALFORMED),
         (_msg(type="snapshot_done", slot=0, step=1, bytes=10, checksum=""), DropReason.MALFORMED),
         (_msg(type="snapshot_done", slot=0, step=1.5, bytes=10, checksum="ab"), DropReason.MALFORMED),
+        (_msg(type="resumed", source="tape", step=1, why="x"), DropReason.MALFORMED),
+        (_msg(type="resumed", source="disk", step=-1, why="x"), DropReason.MALFORMED),
+        (_msg(type="resumed", source="disk", step=1, why="x" * 401), DropReason.MALFORMED),
         (_msg(type="snapshot_restore", id="r" * 65), DropReason.MALFORMED),
         (b"{" + b" " * schema.MAX_MESSAGE + b"}", DropReason.OVERSIZED),
     ],

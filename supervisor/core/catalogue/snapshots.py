@@ -40,6 +40,17 @@ class SnapshotRestored(Event, name="snapshot_restored"):
     bytes: int
 
 
+class ResumeChosen(Event, name="resume_chosen"):
+    """Where a rank resumed from (``client.resume``): its memory snapshot, its disk
+    checkpoint (the newer wins) or the beginning, and why."""
+
+    generation: int | None
+    rank: int
+    source: str  # memory, disk or none
+    step: int | None
+    why: str
+
+
 class SnapshotsReleased(Event, name="snapshots_released"):
     """The run ended: the snapshots' shared-memory files were removed."""
 

@@ -213,7 +213,7 @@ class Monitor:
             case schema.LoadTimeouts(timeouts=raw):
                 self._load_timeouts(m.rank, raw)
             case (schema.Calculate() | schema.AdviceQuery() | schema.SnapshotBegin() | schema.SnapshotDone()
-                  | schema.SnapshotRestore()):  # fmt: skip
+                  | schema.SnapshotRestore() | schema.Resumed()):  # fmt: skip
                 self._answer(m)
             case schema.WorkloadRequest():
                 self.requests.append(m)
@@ -312,15 +312,15 @@ class Monitor:
 
     def _answer(
         self, m: schema.Calculate | schema.AdviceQuery | schema.SnapshotBegin | schema.SnapshotDone
-        | schema.SnapshotRestore,
+        | schema.SnapshotRestore | schema.Resumed,
     ) -> None:  # fmt: skip
         """A question the workload waits on: the answer comes back on its own socket."""
-        if isinstance(m, schema.SnapshotBegin | schema.SnapshotDone | schema.SnapshotRestore):
-            self.snapshots.answer(m, self._ranks)
-        elif isinstance(m, schema.AdviceQuery):
+        if isinstance(m, schema.AdviceQuery):
             self.inbox.ack(m.id, **self.advice())
-        else:
+        elif isinstance(m, schema.Calculate):
             self._calculate(m)
+        else:  # snapshots: begin, done, restore, where the rank resumed from
+            self.snapshots.answer(m, self._ranks)
 
     def _calculate(self, m: schema.Calculate) -> None:
         """The workload's own calculation (nvidia-resiliency-ext's calculate_and_set_*):

@@ -34,8 +34,8 @@ class SnapshotRequests:
         except Dropped as dropped:
             self._inbox.drop(dropped)
             return
-        if answer is None or isinstance(m, schema.SnapshotDone):
-            return  # a done has no answer
+        if answer is None or isinstance(m, schema.SnapshotDone | schema.Resumed):
+            return  # a done, or where a rank resumed from, has no answer
         if isinstance(answer, dict):
             self._inbox.ack(m.id, **answer)
             return

@@ -34,6 +34,7 @@ from typing import Any
 from supervisor.clock import Clock
 from supervisor.config import memory
 from supervisor.core.catalogue.snapshots import (
+    ResumeChosen,
     SnapshotRefused,
     SnapshotRestored,
     SnapshotsReleased,
@@ -52,7 +53,7 @@ TAKEN_EVERY = 60.0  # seconds: snapshot_taken at most this often per rank (after
 MAX_RANKS = 4096  # ranks of one node the table keeps (a node has tens at most)
 RESERVING = 2  # slot files reserved at once, each in a thread: the rest wait their turn
 
-SnapshotMessage = schema.SnapshotBegin | schema.SnapshotDone | schema.SnapshotRestore
+SnapshotMessage = schema.SnapshotBegin | schema.SnapshotDone | schema.SnapshotRestore | schema.Resumed
 Answer = dict[str, Any] | Awaitable[dict[str, Any]] | None  # awaitable: a slot file being reserved
 
 
@@ -140,6 +141,10 @@ class HeldSnapshots:
         done that is not recorded."""
         if isinstance(m, schema.SnapshotBegin):
             return self.begin(m)
+        if isinstance(m, schema.Resumed):
+            self._events.emit(ResumeChosen(generation=m.gen, rank=m.rank, source=m.source, step=m.step,
+                                           why=m.why))  # fmt: skip
+            return None
         if isinstance(m, schema.SnapshotRestore):
             if any(slots.unfinished(m.gen) for slots in self.table.values()):
                 return self._sealed_then_restore(m, ranks)
