@@ -64,7 +64,8 @@ def test_every_rank_message_round_trips() -> None:
         (schema.encode("snapshot_restore", rank=1, gen=2, id="r1"), schema.SnapshotRestore(1, 2, "r1")),
         (schema.encode("resumed", rank=1, gen=2, source="memory", step=9, why="newer"),
          schema.Resumed(1, 2, "memory", 9, "newer")),
-        (schema.encode("resumed", rank=1, gen=2, source="none", step=None), schema.Resumed(1, 2, "none", None, "")),
+        (schema.encode("resumed", rank=1, gen=2, source="none", step=None),
+         schema.Resumed(1, 2, "none", None, "")),
     ]
     for payload, expected in cases:
         assert schema.decode_rank_message(payload) == expected
