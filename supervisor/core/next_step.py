@@ -46,6 +46,7 @@ class GenerationEnd:
     peer_news: PeerNews | None = None  # what a peer's daemon announced, if anything
     reported: bool = False  # a rank reported its own failure (error file, client) as it went down
     decided: Decision | None = None  # what the daemon decided while the ranks ran (a straggler)
+    blamed_elsewhere: bool = False  # the job's blame names another node's rank (core.job_blame)
 
 
 def basis_of(end: GenerationEnd) -> Basis:
@@ -55,7 +56,9 @@ def basis_of(end: GenerationEnd) -> Basis:
     success with nothing asked; a decision taken while the ranks ran, unless a rank
     failed, spoke up or got stuck meanwhile (then that is judged); a peer's news
     when nothing here failed, spoke up or got stuck (a rank that failed on its own
-    in the same instant says more than the news); everything else is judged.
+    in the same instant says more than the news), or whatever failed here when the job's
+    blame named another node's rank (a waiting rank's peer went away: a symptom); everything
+    else is judged.
     """
     if end.restart_requested and not end.unkillable:
         return Basis.OPERATOR_RESTART
@@ -65,8 +68,7 @@ def basis_of(end: GenerationEnd) -> Basis:
         return Basis.DECIDED
     if (
         end.peer_news is not None
-        and not end.failed
-        and not end.reported
+        and (end.blamed_elsewhere or not (end.failed or end.reported))
         and not end.unkillable
         and not end.requests
     ):

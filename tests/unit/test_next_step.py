@@ -40,6 +40,14 @@ NEWS = PeerNews.ENDED
         (GenerationEnd(succeeded=False, failed=False, peer_news=NEWS, reported=True), Basis.JUDGE),
         (GenerationEnd(succeeded=False, failed=False, peer_news=NEWS, requests=(ASK,)), Basis.JUDGE),
         (GenerationEnd(succeeded=False, failed=False, peer_news=NEWS, unkillable=(0,)), Basis.JUDGE),
+        # once the job's blame names another node's rank, what failed here (a waiting rank whose
+        # peer went away as that node stopped its ranks) is its symptom: the node follows
+        (GenerationEnd(succeeded=False, failed=True, peer_news=NEWS, blamed_elsewhere=True),
+         Basis.FOLLOW_PEER),
+        (GenerationEnd(succeeded=False, failed=True, peer_news=NEWS, reported=True, blamed_elsewhere=True),
+         Basis.FOLLOW_PEER),
+        (GenerationEnd(succeeded=False, failed=True, peer_news=NEWS, unkillable=(0,), blamed_elsewhere=True),
+         Basis.JUDGE),
     ],
 )
 def test_the_basis_a_node_decides_on(end: GenerationEnd, expected: Basis) -> None:

@@ -41,8 +41,9 @@ class SnapshotRestored(Event, name="snapshot_restored"):
 
 
 class ResumeChosen(Event, name="resume_chosen"):
-    """Where a rank resumed from (``client.resume``): its memory snapshot, its disk
-    checkpoint (the newer wins) or the beginning, and why."""
+    """Where a rank resumed from (``client.resume``), and why.
+
+    Its memory snapshot or its disk checkpoint (the newer wins), or the beginning."""
 
     generation: int | None
     rank: int

@@ -81,6 +81,7 @@ def basis(ended: GenerationEnded) -> Basis:
             peer_news=None if ended.news is None else ended.news[0],
             reported=ended.reported,
             decided=ended.decided,
+            blamed_elsewhere=ended.blamed_elsewhere,
         )
     )
 

@@ -69,6 +69,7 @@ class GenerationEnded:
     saved: bool  # a rank saved a checkpoint this generation
     bundle: Path | None  # the hang's (or the lingering rank's) diagnostic bundle
     job_blame: dict[str, Any] | None = None  # a job-wide hang's verdict (core.job_verdict.reason_fields)
+    blamed_elsewhere: bool = False  # that verdict names another node's rank
 
     @property
     def succeeded(self) -> bool:
@@ -113,6 +114,7 @@ def freeze(
         saved=monitor.saved(),
         bundle=gen.bundle,
         job_blame=gen.job_blame,
+        blamed_elsewhere=gen.culprit_elsewhere,
     )
 
 

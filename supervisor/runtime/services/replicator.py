@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,13 +151,13 @@ class Replicator:
             self._fail(rank, complete, peer, f"the peer refused it: {go.get('why')}")
             return
         loop = asyncio.get_running_loop()
-        started = time.monotonic()  # the pace is real bandwidth, whatever the daemon's clock
+        started = self._clock.monotonic()  # the daemon's clock is the system's: real bandwidth
         with open(stage, "rb") as f:  # noqa: ASYNC230 - opening a tmpfs file does not block
             for offset in range(0, complete.nbytes, CHUNK):
                 size = min(CHUNK, complete.nbytes - offset)
-                wait = pause(offset, self.rate, time.monotonic() - started)
+                wait = pause(offset, self.rate, self._clock.monotonic() - started)
                 if wait > 0:
-                    await asyncio.sleep(wait)
+                    await self._clock.sleep(wait)
                 await self._chunk(loop, writer, f, offset, size)
         verdict = await read_header(reader, ANSWER_TIMEOUT)
         if verdict.get("ok"):
