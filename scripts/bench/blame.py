@@ -115,8 +115,8 @@ class Trial:
 
     @property
     def agreed(self) -> bool:
-        vals = list(self.named.values())
-        return len(vals) == self.nodes and all(v == vals[0] for v in vals)
+        vals = list(self.named.values())  # nodes that all gave no verdict did not agree on one
+        return len(vals) == self.nodes and vals[0] is not None and all(v == vals[0] for v in vals)
 
 
 def free_port() -> int:
@@ -218,6 +218,15 @@ def analyse(t: Trial, trial_dir: Path) -> None:
         t.aborted_first = all(aborted) and len(aborted) == t.nodes and all(x == 2 for x in t.exits)
 
 
+def from_json(raw: dict[str, Any]) -> Trial:
+    """A trial from results.json (JSON turned the node ranks into strings)."""
+    t = Trial(**raw)
+    t.named, t.seconds, t.decided = (
+        {int(k): v for k, v in d.items()} for d in (t.named, t.seconds, t.decided)
+    )
+    return t
+
+
 def pct(k: int, n: int) -> str:
     return f"{100 * k / n:.0f} %" if n else "n/a"
 
@@ -266,6 +275,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow", type=float, default=6.0, help="seconds the slow rank computes")
     p.add_argument("--timeout", type=float, default=150.0, help="per trial (s)")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument(
+        "--report", type=Path, nargs="*", help="print the table of earlier results.json files, run nothing"
+    )
     s = p.parse_args(argv)
     s.nodes = [int(x) for x in s.nodes.split(",")]
     s.faults = [f for f in s.faults.split(",") if f]
@@ -277,6 +289,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     s = parse_args(argv)
+    if s.report:
+        print(table([from_json(x) for path in s.report for x in json.loads(path.read_text())]))
+        return 0
     out = s.out or Path(tempfile.mkdtemp(prefix="bench-blame-"))
     out.mkdir(parents=True, exist_ok=True)
     become_subreaper()
