@@ -36,8 +36,9 @@ Per trial, from every node's ``events.jsonl`` and ``reason.json``:
   or ``node_health_marked`` in generation 0;
 * for a desync: aborted on its first occurrence (every daemon exited 2, reason.json
   ``restarts_used`` 0, outcome abort);
-* each node's generation-0 ``decision`` (action, reason, rank): where no verdict came
-  (a crash rather than a hang), the blame the crash path gave;
+* each node's first generation-0 ``decision`` (action, reason, rank): where no verdict came
+  (a crash rather than a hang), the blame the crash path gave; a healthy node deciding
+  ``rank_failed`` (one of its ranks failed) instead of following the culprit's node;
 * the seconds from the first node's declaration to each node's verdict (the event's
   ``seconds``); the size of the largest node summary in ``job-blame.json`` (bound 64 KiB).
 
@@ -231,12 +232,21 @@ def pct(k: int, n: int) -> str:
     return f"{100 * k / n:.0f} %" if n else "n/a"
 
 
+def self_failed(t: Trial) -> int:
+    """Healthy nodes whose own decision was a failure of one of their ranks (``rank_failed``:
+    a gloo error from the culprit's node stopping its ranks first) rather than following."""
+    return sum(
+        1 for n, d in t.decided.items() if n != t.culprit_node and d is not None and d[1] == "rank_failed"
+    )
+
+
 def table(trials: list[Trial]) -> str:
     head = (
         "| nodes | fault | trials | named right on every node | agreed | healthy node charged "
+        "| healthy node decided rank_failed "
         "| desync aborted first time | decided after 1st declaration median / max s | summary max bytes |"
     )
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * 10]
     for n in sorted({t.nodes for t in trials}):
         for f in FAULTS:
             ts = [t for t in trials if t.nodes == n and t.fault == f]
@@ -247,7 +257,8 @@ def table(trials: list[Trial]) -> str:
             sizes = [t.summary_max_bytes for t in ts if t.summary_max_bytes is not None]
             lines.append(
                 f"| {n} | {f} | {len(ts)} | {pct(sum(t.right_everywhere for t in ts), len(ts))} "
-                f"| {pct(sum(t.agreed for t in ts), len(ts))} | {sum(len(t.charged) for t in ts)} | {desync} "
+                f"| {pct(sum(t.agreed for t in ts), len(ts))} | {sum(len(t.charged) for t in ts)} "
+                f"| {sum(self_failed(t) for t in ts)} | {desync} "
                 f"| {fmt(median(secs))} / {fmt(max(secs) if secs else None)} "
                 f"| {max(sizes) if sizes else 'n/a'} |"
             )
