@@ -203,7 +203,9 @@ def test_a_bundle_that_cannot_be_written_does_not_hold_the_restart(tmp_path: Pat
     assert unwritable["generation"] == 0 and unwritable["error"], unwritable
     assert run.named("hang_bundle") == []
     assert run.decisions() == [("restart", "rank_hung")]
-    assert run.one("rank_hung")["t_mono"] == run.one("decision")["t_mono"]  # held up by nothing
+    # held up by nothing: not the bundle's bound (seconds); the dumps' request runs in a thread,
+    # and while it does the virtual clock may pass a rank's next step (0.05 s)
+    assert run.one("decision")["t_mono"] - run.one("rank_hung")["t_mono"] < 0.5
 
 
 @pytest.mark.parametrize(
