@@ -44,10 +44,12 @@ def _run(ns: argparse.Namespace) -> int:
     from supervisor.runtime.lifecycle.start import run_daemon  # noqa: PLC0415 - keeps --help fast
 
     code = run_daemon(config)
-    if any(t.daemon and t.is_alive() for t in threading.enumerate()):
+    if config.rdzv is not None and any(t.daemon and t.is_alive() for t in threading.enumerate()):
         # a thread left blocked in torch's C++ rendezvous (a round that will never
         # complete) makes the interpreter's shutdown call std::terminate: the daemon died
-        # by SIGABRT after logging run_finished. Everything is written by now: leave.
+        # by SIGABRT after logging run_finished. Everything is written by now: leave. Only
+        # where a rendezvous ran: a caller's own threads (main() called in a process that
+        # has some) are not a reason to end that process.
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

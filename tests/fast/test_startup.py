@@ -307,3 +307,26 @@ def test_dgx_cloud_s_line_builds_a_run(tmp_path: Path) -> None:
     cfg = build_run_config(build_parser().parse_args(["run", *ft, *torchrun]), {})
     assert (cfg.max_restarts, cfg.ft.rank_heartbeat_timeout) == (3, 60.0)
     assert [option for option, _ in cfg.ft.ignored] == ["--ft-use-infra-group-rank"]
+
+
+def test_main_in_a_process_with_threads_of_its_own_returns_when_no_rendezvous_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_process_main: None
+) -> None:
+    # main() ended the process (os._exit) whenever a daemon thread was alive, for the threads
+    # torch's C++ rendezvous can leave blocked: called in a pytest worker that had a thread of
+    # its own (a client's), it took the worker down. Only a run that had a rendezvous does.
+    import threading  # noqa: PLC0415
+
+    flag = tmp_path / "finished"
+    flag.write_text("{}")
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True, name="a-caller's-own")
+    other.start()
+    try:
+        script = tmp_path / "train.py"
+        script.write_text("raise SystemExit(1)\n")
+        assert main(["run", "--log-dir", str(tmp_path / "logs"), "--autoresume", "--finished-flag-file",
+                     str(flag), str(script)]) == 0  # fmt: skip
+    finally:
+        stop.set()
+        other.join(5)
