@@ -126,12 +126,19 @@ def daemons(tmp_path: Path) -> Iterator[list[Daemon]]:
 
 
 @pytest.fixture
-def start(tmp_path: Path, daemons: list[Daemon]):  # type: ignore[no-untyped-def]
+def start(tmp_path: Path, daemons: list[Daemon], request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    # The daemon's default preload (auto) imports torch into its fork server when torch is
+    # installed, 2.7 CPU-s a daemon whatever its ranks run: a test whose ranks are torch-free
+    # (not marked torch) runs with none unless it names its own
+    torch_free = request.node.get_closest_marker("torch") is None
+
     def _start(
         *args: str, env: dict[str, str] | None = None, run_id: str = "t", prefix: tuple[str, ...] = ()
     ) -> Daemon:
         sub = tmp_path / f"d{len(daemons)}"
         sub.mkdir()
+        if torch_free and not any(a == "--preload" or a.startswith("--preload=") for a in args):
+            args = ("--preload", "none", *args)
         d = Daemon(sub, args, env=env, run_id=run_id, prefix=prefix)
         daemons.append(d)
         return d

@@ -25,6 +25,7 @@ def _bundle(d: Daemon) -> tuple[Path, dict]:  # type: ignore[type-arg]
 
 
 @pytest.mark.skipif(py_spy() is None, reason="py-spy is not installed (the diagnostics extra)")
+@pytest.mark.torch
 def test_a_hang_in_a_gloo_job_leaves_native_stacks_of_every_rank_before_the_kill(start: Start) -> None:
     """Rank 1 sleeps in its own code while rank 0 waits in all_reduce: the native
     stacks show rank 0 inside c10d's wait (what faulthandler alone cannot say of a

@@ -137,6 +137,7 @@ def test_crash_restart_resume_finish_and_the_daemon_never_loads_torch(start: Sta
         "12",
         "--snapshot",
         str(snapshot),
+        "--plain",  # DDP's set-up imports torch._dynamo, 2 CPU-s a rank a generation: not the point here
     )
     # generation 1 has 20 steps of at least 50 ms left after it says it resumed: its ranks
     # are alive a while
