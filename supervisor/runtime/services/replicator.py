@@ -90,6 +90,11 @@ class Replicator:
             self._pending[rank] = (slot, complete)
             self._wake.set()
 
+    @property
+    def waiting(self) -> dict[int, int]:
+        """rank -> the step waiting to be sent."""
+        return {rank: complete.step for rank, (_, complete) in self._pending.items()}
+
     def widen(self, stride: int, why: str, lag: int | None = None) -> None:
         """Send every ``stride``-th step from now, when wider than today's grid."""
         if stride > self.stride:
