@@ -18,8 +18,9 @@ rank, its own copy of the last two steps its peer acknowledged (*retained*: the 
 copy it sent, kept instead of dropped). A lost node's replica then holds grid steps, and
 every other node holds the same grid steps in its retained copies, whatever the lag, as
 long as a copy takes less than a stride. The stride widens (``stride_for``) when a copy
-ended a stride or more behind; nodes learn each other's through the replicas' headers
-and the agreement (the widest wins), and it never narrows within a daemon's life.
+ended a stride or more behind, and nodes learn each other's through the replicas' headers
+(the widest wins); each agreement sets it to the widest that any node's recent copies
+needed (``needed_stride``), so a slow spell does not widen it for the rest of the run.
 
 Pure: no clock, no files, no sockets; ``runtime.services`` gathers and applies.
 """
@@ -65,6 +66,11 @@ def stride_for(lag: int, stride: int) -> int:
     return min(MAX_STRIDE, 1 << lag.bit_length())
 
 
+def needed_stride(lags: Collection[int]) -> int:
+    """The stride that copies ending ``lags`` steps behind (a node's recent ones) need."""
+    return stride_for(max(lags, default=0), 1)
+
+
 def read_stride(raw: Any) -> int:
     """A stride another daemon gave (a header, a record): 1 when it is not one."""
     return int(raw) if type(raw) is int and 1 <= raw <= MAX_STRIDE else 1
@@ -95,7 +101,7 @@ class NodeHeld:
     token: str = ""  # a sender names it in every header: only the job's daemons know it
     # rank -> the steps of its retained copies here (the grid steps its peer acknowledged)
     retained: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
-    stride: int = 1  # the grid this node replicates on
+    stride: int = 1  # the grid this node's recent copies needed (``needed_stride``)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -188,7 +194,7 @@ def decide(published: Mapping[int, NodeHeld], nnodes: int) -> JobRestore:
 
 
 def agreed_stride(published: Mapping[int, NodeHeld]) -> int:
-    """The grid the job replicates on from now: the widest any node uses."""
+    """The grid the job replicates on from now: the widest any node's copies needed."""
     return max((record.stride for record in published.values()), default=1)
 
 

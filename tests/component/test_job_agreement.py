@@ -179,8 +179,10 @@ def test_a_replica_several_steps_behind_still_meets_a_step_every_rank_holds(
             (agreed,) = survivor.events("snapshots_agreed")
             assert (agreed["step"], agreed["retained"], agreed["peers"]) == (8, [0], [])
             assert [e["source"] for e in replacement.events("snapshot_restored")] == ["peer"]
-            # the replacement replicates on the job's grid from now on
-            assert replacement.replicator.stride == 4
+            # node 0's copies kept up within a step: the agreement narrows the job's grid to
+            # every step again, on both nodes (the replacement had none of its own)
+            assert survivor.replicator.stride == replacement.replicator.stride == 1
+            assert [e["stride"] for e in survivor.events("snapshot_stride_changed")] == [4, 1]
             # rank 3's replica: released with its memory, rank 1's kept
             assert survivor.replicas.steps() == {1: (4, 8)}
             assert not list(survivor.held.directory.glob("replica.rank3.*"))

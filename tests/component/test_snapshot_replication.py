@@ -255,11 +255,11 @@ def test_a_copy_that_ends_steps_behind_widens_the_grid_and_the_peer_follows(
                 await sender.take(0, step % 2, step, payload(step, 4096))
             # step 1 verified three steps behind: every 4th step from now (step 4, pending, is one)
             await until(lambda: 4 in sender.job.retained.steps().get(0, ()), "step 4 retained")
-            (widened,) = sender.events("snapshot_stride_widened")
+            (widened,) = sender.events("snapshot_stride_changed")
             assert (widened["stride"], widened["lag_steps"]) == (4, 3)
             # step 4's header told the keeper, whose own replicas follow the same grid
             assert keeper.replicator.stride == 4
-            (followed,) = keeper.events("snapshot_stride_widened")
+            (followed,) = keeper.events("snapshot_stride_changed")
             assert followed["lag_steps"] is None and "node 0 replicates every 4 steps" in followed["why"]
             for step in (5, 6, 7, 8):  # 5 to 7 are off the grid: never queued to be sent
                 await sender.take(0, step % 2, step, payload(step, 4096))

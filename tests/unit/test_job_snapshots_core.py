@@ -19,6 +19,7 @@ from supervisor.core.job_snapshots import (
     agreed_stride,
     confirm,
     decide,
+    needed_stride,
     on_grid,
     pause,
     peer_of,
@@ -95,9 +96,10 @@ def test_a_retained_copy_on_a_node_the_rank_left_is_fetched() -> None:
     assert d.step == 8 and d.sources[0] == (1, True) and d.retained == ()
 
 
-def test_the_grid_widens_to_cover_the_copies_lag_and_never_narrows() -> None:
+def test_the_grid_widens_to_cover_the_copies_lag_and_the_agreement_takes_what_they_needed() -> None:
     assert [stride_for(lag, 1) for lag in (0, 1, 2, 3, 4, 7, 8)] == [1, 2, 4, 4, 8, 8, 16]
     assert stride_for(3, 4) == 4 and stride_for(0, 8) == 8  # keeping up: unchanged, never narrower
+    assert needed_stride([]) == needed_stride([0, 0]) == 1 and needed_stride([0, 3, 1]) == 4
     assert stride_for(10**9, 1) == MAX_STRIDE
     assert [s for s in range(13) if on_grid(s, 4)] == [0, 4, 8, 12]
     assert all(on_grid(s, 1) for s in range(5))

@@ -115,13 +115,14 @@ class SnapshotReplicaRejected(Event, name="snapshot_replica_rejected", level=WAR
     why: str
 
 
-class SnapshotStrideWidened(Event, name="snapshot_stride_widened"):
+class SnapshotStrideChanged(Event, name="snapshot_stride_changed"):
     """Replication now sends every N-th step only, the same steps on every node of the job.
 
-    A copy ended a stride or more behind its rank's newest step (too large a snapshot for
-    --snapshot-replication-rate in a step), or another node or the job's agreement uses a
-    wider stride. Each node keeps its own ranks' last two replicated steps (retained), so a
-    lost node restoring from an older replica still finds its step on every other node."""
+    Wider: a copy ended a stride or more behind its rank's newest step (too large a snapshot
+    for --snapshot-replication-rate in a step), or another node uses a wider stride. At each
+    agreement: the widest the nodes' recent copies needed, narrower after a slow spell. Each
+    node keeps its own ranks' last two replicated steps (retained), so a lost node restoring
+    from an older replica still finds its step on every other node."""
 
     generation: int | None
     stride: int

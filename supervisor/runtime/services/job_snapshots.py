@@ -183,7 +183,7 @@ class JobSnapshots:
         mine = {r: tuple(s) for r, s in held.items() if s}
         record = NodeHeld(job_gen.node_rank, tuple(sorted(ranks)), mine, self.replicas.steps(),
                           self.replicas.endpoint, self.replicas.token, self.retained.steps(),
-                          self.replicator.stride)  # fmt: skip
+                          self.replicator.need)  # fmt: skip
         await in_thread(lambda: rnd.publish(joined, record), "snapshots-publish")
         published = await in_thread(lambda: rnd.gather(joined, n, GATHER_S, self._clock), "snapshots-gather")
         # the next node takes this node's replicas from now on (membership may have changed)
@@ -194,7 +194,8 @@ class JobSnapshots:
             host, port = parse_endpoint(endpoint)
             peer = Peer(after, host, port, published[after].token)
         self.replicator.target(peer, job_gen.generation, job_gen.node_rank)
-        self.replicator.widen(agreed_stride(published), "the job's agreement: the widest any node uses")
+        why = "the job's agreement: the widest its nodes' recent copies needed"
+        self.replicator.settle(agreed_stride(published), why)
         self._published = published
         return decide(published, n)
 

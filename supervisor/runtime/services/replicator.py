@@ -20,14 +20,16 @@ or refuses is told once, and nothing more goes to it until the next agreement.
 Only steps on the job's grid are sent (``core.job_snapshots.on_grid``: all of them while
 the copies keep up). Once the peer verified a copy, the staged file becomes the rank's
 retained copy (``retained``) and the next copy stages afresh; a copy that ended a stride
-or more behind widens the stride, and so does a wider one a peer's header or the job's
-agreement gives (``widen``). Each header carries the stride, so the nodes converge.
+or more behind widens the stride, and so does a wider one in a peer's header (``widen``).
+Each header carries the stride, so the nodes converge; each agreement sets the stride the
+nodes' recent copies needed (``need``, ``settle``), narrower again after a slow spell.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,9 +38,9 @@ from supervisor.clock import Clock
 from supervisor.core.catalogue.snapshots import (
     SnapshotReplicated,
     SnapshotReplicationFailed,
-    SnapshotStrideWidened,
+    SnapshotStrideChanged,
 )
-from supervisor.core.job_snapshots import on_grid, pause, stride_for
+from supervisor.core.job_snapshots import needed_stride, on_grid, pause, stride_for
 from supervisor.core.memory_snapshots import Complete
 from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.services.held_snapshots import TAKEN_EVERY, HeldSnapshots
@@ -48,6 +50,7 @@ from supervisor.runtime.services.snapshot_wire import CHUNK, read_chunk, read_he
 CONNECT_TIMEOUT = 5.0
 ANSWER_TIMEOUT = 30.0  # seconds the receiver may take to say go, or to verify what it wrote
 STAGE = "stage"  # the staging file's name in the run's directory
+LAGS = 16  # copies whose lag says which stride the next agreement needs
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +71,8 @@ class Replicator:
                  node_rank: int = 0, retained: Retained | None = None) -> None:  # fmt: skip
         self._held, self._events, self._clock = held, events, clock
         self.retained = Retained(held, events, clock) if retained is None else retained
-        self.stride = 1  # the job's grid: only its steps are sent (never narrowed)
+        self.stride = 1  # the job's grid: only its steps are sent (narrowed at an agreement only)
+        self._lags: deque[int] = deque(maxlen=LAGS)  # steps behind, at the last copies' verdicts
         self.rate, self.job, self.node_rank = rate, job, node_rank
         self.generation: int | None = None
         self.peer: Peer | None = None
@@ -95,11 +99,21 @@ class Replicator:
         """rank -> the step waiting to be sent."""
         return {rank: complete.step for rank, (_, complete) in self._pending.items()}
 
+    @property
+    def need(self) -> int:
+        """The stride this node's recent copies needed (what it publishes at an agreement)."""
+        return needed_stride(self._lags)
+
     def widen(self, stride: int, why: str, lag: int | None = None) -> None:
         """Send every ``stride``-th step from now, when wider than today's grid."""
         if stride > self.stride:
+            self.settle(stride, why, lag)
+
+    def settle(self, stride: int, why: str, lag: int | None = None) -> None:
+        """Send every ``stride``-th step from now (the job's agreement: narrower too)."""
+        if stride != self.stride:
             self.stride = stride
-            self._events.emit(SnapshotStrideWidened(generation=self.generation, stride=stride, lag_steps=lag,
+            self._events.emit(SnapshotStrideChanged(generation=self.generation, stride=stride, lag_steps=lag,
                                                     why=why))  # fmt: skip
 
     def target(self, peer: Peer | None, generation: int, node_rank: int) -> None:
@@ -204,6 +218,7 @@ class Replicator:
         slots = self._held.table.get(rank)
         newest = None if slots is None else slots.newest()
         lag = 0 if newest is None else max(0, newest.step - complete.step)
+        self._lags.append(lag)
         why = f"rank {rank}'s step {complete.step} reached node {peer.node} {lag} steps behind"
         self.widen(stride_for(lag, self.stride), why, lag)
         now = self._clock.monotonic()
