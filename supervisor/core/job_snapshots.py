@@ -198,6 +198,15 @@ def agreed_stride(published: Mapping[int, NodeHeld]) -> int:
     return max((record.stride for record in published.values()), default=1)
 
 
+def left_behind(held: Mapping[int, Collection[int]], step: int | None) -> dict[int, list[int]]:
+    """Of ``held`` (rank -> steps kept), the steps of a timeline the job left: newer than the
+    step it agreed to restore, or all of them when it restores none (its ranks start from
+    disk or afresh). Kept, they could meet the same step numbers trained again and make a
+    later agreement mix two timelines; a step of the one the job goes on from never is."""
+    out = {rank: sorted(s for s in steps if step is None or s > step) for rank, steps in held.items()}
+    return {rank: steps for rank, steps in out.items() if steps}
+
+
 def stale_replicas(node_rank: int, nnodes: int, published: Mapping[int, NodeHeld],
                    kept: Collection[int]) -> list[int]:  # fmt: skip
     """Of the ranks whose replicas this node keeps (``kept``), those nobody replicates here

@@ -193,3 +193,35 @@ def test_a_replica_several_steps_behind_still_meets_a_step_every_rank_holds(
                 await n.stop()
 
     asyncio.run(asyncio.wait_for(body(), 60))
+
+
+def test_copies_of_steps_the_job_will_train_again_are_dropped(tmp_path: Path, store_port: int) -> None:
+    """The job restores nothing from memory (node 1 never publishes): its ranks start from
+    disk or afresh and train step 1 again. Node 0's retained copy and its replica of step 1
+    are of the timeline left behind: dropped, or a later agreement could pair them with the
+    new step 1 of another rank."""
+
+    async def body() -> None:
+        answers = Answers()
+        alone, peer = node(tmp_path, "a", answers, rate=1 << 30), node(tmp_path, "b", Answers(), rate=1 << 30)
+        for n in (alone, peer):
+            await n.start()
+        try:
+            alone.replicator.target(peer.peer(1), 0, 0)
+            peer.replicator.target(alone.peer(0), 0, 1)
+            await alone.take(0, 1, 1, payload(1, 1000))
+            await peer.take(1, 1, 1, payload(101, 1000))
+            kept = alone.job.retained.steps, alone.replicas.steps
+            await until(lambda: kept[0]() == {0: (1,)} and kept[1]() == {1: (1,)}, "retained and kept")
+            alone.job.joined(job_generation(store_port, 0), [0])
+            assert alone.job.handle(schema.SnapshotRestore(0, 0, "r0"), [0]) is None
+            await until(lambda: answers.sent, "answered", timeout=GATHER_S + 10)
+            assert answers.sent[0][1]["step"] is None
+            assert kept[0]() == {} and kept[1]() == {}
+            assert not list(alone.held.directory.glob("re*.rank*"))  # their memory given back
+            assert alone.held.table[0].steps() == {1}  # the rank's own slots: it overwrites them itself
+        finally:
+            for n in (alone, peer):
+                await n.stop()
+
+    asyncio.run(asyncio.wait_for(body(), 60))

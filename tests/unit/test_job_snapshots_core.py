@@ -19,6 +19,7 @@ from supervisor.core.job_snapshots import (
     agreed_stride,
     confirm,
     decide,
+    left_behind,
     needed_stride,
     on_grid,
     pause,
@@ -105,6 +106,13 @@ def test_the_grid_widens_to_cover_the_copies_lag_and_the_agreement_takes_what_th
     assert all(on_grid(s, 1) for s in range(5))
     assert agreed_stride({0: node(0, (0,), stride=2), 1: node(1, (1,), stride=8)}) == 8
     assert agreed_stride({}) == 1
+
+
+def test_steps_newer_than_the_agreed_one_are_a_timeline_the_job_left() -> None:
+    held = {0: (4, 8), 1: (8, 12), 2: ()}
+    assert left_behind(held, 8) == {1: [12]}
+    assert left_behind(held, 12) == {}
+    assert left_behind(held, None) == {0: [4, 8], 1: [8, 12]}  # from disk or afresh: all of them
 
 
 def test_replicas_of_ranks_the_previous_node_no_longer_runs_are_stale() -> None:

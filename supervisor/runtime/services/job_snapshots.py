@@ -17,7 +17,8 @@ does the generation restore it; anything else (a node late, a fetch that failed)
 memory restore this generation, one event says why, and the ranks go on from disk or
 afresh, never from mixed steps. Once every node said it is ready (all fetches done), the
 replicas of ranks the previous node no longer runs, and the retained copies of ranks this
-node no longer runs, are released.
+node no longer runs, are released; so are the replicas and retained copies of steps newer
+than the one agreed (all of them when none is): the ranks train those steps again.
 
 Meanwhile a rank's ``restore`` request waits: it is answered (through the inbox, to the
 rank that asked) once the generation's step is pinned.
@@ -41,6 +42,7 @@ from supervisor.core.job_snapshots import (
     agreed_stride,
     confirm,
     decide,
+    left_behind,
     peer_of,
     stale_replicas,
 )
@@ -157,7 +159,8 @@ class JobSnapshots:
                     lambda: rnd.gather_ready(joined, n, READY_S, self._clock), "snapshots-all"
                 )
                 step, why = confirm(answers, n)
-                self._release(job_gen, ranks)  # every fetch they could serve is over
+            # every fetch it could serve is over (or, not ready itself, the job restores none)
+            self._release(job_gen, ranks, step)
         except Exception as exc:  # a store gone, a peer gone: no memory restore, never a stuck rank
             step, why = None, f"the agreement failed: {type(exc).__name__}: {exc}"
         finally:
@@ -224,9 +227,12 @@ class JobSnapshots:
             fetched.append(rank)
         return step, decision.why, fetched
 
-    def _release(self, job_gen: JobGeneration, ranks: Collection[int]) -> None:
-        """What nobody needs any more, now that the job's order is known: the replicas of
-        ranks the previous node does not run, the retained copies of ranks not run here."""
+    def _release(self, job_gen: JobGeneration, ranks: Collection[int], step: int | None) -> None:
+        """What nobody needs any more, now that the job's order and step are known: the
+        replicas of ranks the previous node does not run, the retained copies of ranks not
+        run here, and the copies of steps of a timeline the job left (``left_behind``)."""
+        self.retained.drop(left_behind(self.retained.steps(), step))
+        self.replicas.drop(left_behind(self.replicas.steps(), step))
         node, n = job_gen.node_rank, job_gen.nnodes
         stale = stale_replicas(node, n, self._published, self.replicas.table)
         before = (node - 1) % n if n > 1 else None

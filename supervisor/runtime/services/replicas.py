@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import os
 import secrets
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from supervisor.clock import Clock
@@ -96,6 +96,17 @@ class Replicas:
     def forget(self) -> None:
         """The run's directory is gone (released): so are the replicas."""
         self.table, self.sizes = {}, {}
+
+    def drop(self, steps: Mapping[int, Collection[int]]) -> None:
+        """Drop the replicas of these steps (rank -> steps), their files with them."""
+        for rank, dropped in steps.items():
+            slots = self.table.get(rank, RankSlots())
+            for slot, held in list(slots.complete.items()):
+                if held.step in dropped:
+                    del slots.complete[slot]
+                    self.sizes.pop((rank, slot), None)
+                    with contextlib.suppress(OSError):
+                        self.path_of(rank, slot).unlink()
 
     def release(self, ranks: Collection[int], generation: int | None, why: str) -> None:
         """Drop the replicas of ``ranks`` and give their memory back (one event)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,13 @@ class Retained:
             for slot in list(self.table[rank].complete):
                 self._drop(rank, slot, None)
             del self.table[rank]
+
+    def drop(self, steps: Mapping[int, Collection[int]]) -> None:
+        """Drop the copies of these steps (rank -> steps): a timeline the job left."""
+        for rank, dropped in steps.items():
+            for slot, held in list(self.table.get(rank, RankSlots()).complete.items()):
+                if held.step in dropped:
+                    self._drop(rank, slot, None)
 
     def _drop(self, rank: int, slot: int, why: str | None) -> int:
         held = self.table[rank].complete.pop(slot)
