@@ -110,12 +110,23 @@ def test_a_node_that_lost_everything_restores_its_rank_from_the_peers_replica(
 def test_a_node_that_never_publishes_means_no_memory_restore_answered_within_the_deadline(
     tmp_path: Path, store_port: int
 ) -> None:
+    """Node 1 never publishes: no memory restore, answered within the gather's deadline. The
+    ranks start from disk or afresh and train step 1 again, so node 0's retained copy and
+    its replica of step 1 are of the timeline left behind: dropped, or a later agreement
+    could pair them with the new step 1 of another rank."""
+
     async def body() -> None:
         answers = Answers()
-        alone = node(tmp_path, "a", answers)
-        await alone.start()
+        alone, peer = node(tmp_path, "a", answers, rate=1 << 30), node(tmp_path, "b", Answers(), rate=1 << 30)
+        for n in (alone, peer):
+            await n.start()
         try:
-            await alone.take(0, 0, 1, payload(1, 1000))
+            alone.replicator.target(peer.peer(1), 0, 0)
+            peer.replicator.target(alone.peer(0), 0, 1)
+            await alone.take(0, 1, 1, payload(1, 1000))
+            await peer.take(1, 1, 1, payload(101, 1000))
+            kept = alone.job.retained.steps, alone.replicas.steps
+            await until(lambda: kept[0]() == {0: (1,)} and kept[1]() == {1: (1,)}, "retained and kept")
             started = time.monotonic()
             alone.job.joined(job_generation(store_port, 0), [0])
             assert alone.job.handle(schema.SnapshotRestore(0, 0, "r0"), [0]) is None
@@ -124,8 +135,12 @@ def test_a_node_that_never_publishes_means_no_memory_restore_answered_within_the
             assert time.monotonic() - started < GATHER_S + 5  # the gather's deadline, not the ready one's
             (agreed,) = alone.events("snapshots_agreed")
             assert agreed["step"] is None and "node(s) [1] published nothing" in agreed["why"]
+            assert kept[0]() == {} and kept[1]() == {}
+            assert not list(alone.held.directory.glob("re*.rank*"))  # their memory given back
+            assert alone.held.table[0].steps() == {1}  # the rank's own slots: it overwrites them itself
         finally:
-            await alone.stop()
+            for n in (alone, peer):
+                await n.stop()
 
     asyncio.run(asyncio.wait_for(body(), 60))
 
@@ -190,38 +205,6 @@ def test_a_replica_several_steps_behind_still_meets_a_step_every_rank_holds(
             assert (released["ranks"], released["bytes"]) == ([3], 60_000)
         finally:
             for n in (survivor, replacement):
-                await n.stop()
-
-    asyncio.run(asyncio.wait_for(body(), 60))
-
-
-def test_copies_of_steps_the_job_will_train_again_are_dropped(tmp_path: Path, store_port: int) -> None:
-    """The job restores nothing from memory (node 1 never publishes): its ranks start from
-    disk or afresh and train step 1 again. Node 0's retained copy and its replica of step 1
-    are of the timeline left behind: dropped, or a later agreement could pair them with the
-    new step 1 of another rank."""
-
-    async def body() -> None:
-        answers = Answers()
-        alone, peer = node(tmp_path, "a", answers, rate=1 << 30), node(tmp_path, "b", Answers(), rate=1 << 30)
-        for n in (alone, peer):
-            await n.start()
-        try:
-            alone.replicator.target(peer.peer(1), 0, 0)
-            peer.replicator.target(alone.peer(0), 0, 1)
-            await alone.take(0, 1, 1, payload(1, 1000))
-            await peer.take(1, 1, 1, payload(101, 1000))
-            kept = alone.job.retained.steps, alone.replicas.steps
-            await until(lambda: kept[0]() == {0: (1,)} and kept[1]() == {1: (1,)}, "retained and kept")
-            alone.job.joined(job_generation(store_port, 0), [0])
-            assert alone.job.handle(schema.SnapshotRestore(0, 0, "r0"), [0]) is None
-            await until(lambda: answers.sent, "answered", timeout=GATHER_S + 10)
-            assert answers.sent[0][1]["step"] is None
-            assert kept[0]() == {} and kept[1]() == {}
-            assert not list(alone.held.directory.glob("re*.rank*"))  # their memory given back
-            assert alone.held.table[0].steps() == {1}  # the rank's own slots: it overwrites them itself
-        finally:
-            for n in (alone, peer):
                 await n.stop()
 
     asyncio.run(asyncio.wait_for(body(), 60))
