@@ -116,7 +116,7 @@ def test_a_complete_snapshot_reaches_the_peer_verified_and_comes_back_byte_for_b
         try:
             sender.replicator.target(keeper.peer(1), 0, 0)
             await sender.take(0, 0, 1, payload(1, 300_000))
-            await until(lambda: keeper.replicas.steps() == {0: (1,)}, "step 1 kept")
+            await until(lambda: sender.job.retained.steps() == {0: (1,)}, "step 1 kept and retained")
             await sender.take(0, 1, 2, payload(2, 200_000))
             await until(lambda: keeper.replicas.steps() == {0: (1, 2)}, "steps 1 and 2 kept")
             # a new daemon on the lost node, nothing in memory: it fetches step 2 into its slot
@@ -133,7 +133,8 @@ def test_a_complete_snapshot_reaches_the_peer_verified_and_comes_back_byte_for_b
             assert [e["step"] for e in sender.events("snapshot_replicated")] == [1]  # sampled
             # the replicas and the retained copies count against the same budget as the slots:
             # each staged copy, once verified, is the rank's retained copy (no stage left)
-            assert sender.job.retained.steps() == {0: (1, 2)} and sender.replicator.stage_bytes == 0
+            await until(lambda: sender.job.retained.steps() == {0: (1, 2)}, "step 2 retained")
+            assert sender.replicator.stage_bytes == 0
             assert keeper.held.total == 500_000 and sender.held.total == 500_000 + 500_000
         finally:
             for n in (sender, keeper):
@@ -289,12 +290,16 @@ def test_replicas_take_only_the_retained_copies_room_and_are_refused_once_when_n
                 await keeper.take(1, step % 2, step, payload(step, 200_000))
                 await until(lambda s=step: s in keeper.job.retained.steps().get(1, ()), "retained")
             assert keeper.held.total == 800_000
+            # the sender's verdicts are in (retained) before its rank goes on: a step taken
+            # before would count in the copy's lag, and a wider grid skip the next step
             await sender.take(0, 1, 1, payload(1, 150_000))  # fits beside all of it
             await until(lambda: keeper.replicas.steps() == {0: (1,)}, "step 1 kept")
+            await until(lambda: 1 in sender.job.retained.steps().get(0, ()), "step 1 retained")
             assert keeper.job.retained.steps() == {1: (1, 2)}
             # 300 kB more fit only without the retained copies: they give way, oldest first
             await sender.take(0, 0, 2, payload(2, 300_000))
             await until(lambda: keeper.replicas.steps() == {0: (1, 2)}, "step 2 kept")
+            await until(lambda: 2 in sender.job.retained.steps().get(0, ()), "step 2 retained")
             assert keeper.job.retained.steps() == {}
             (dropped,) = keeper.events("snapshot_retained_dropped")
             assert (dropped["rank"], dropped["step"]) == (1, 1) and "replica" in dropped["why"]

@@ -177,7 +177,7 @@ class Replicator:
         await send_header(writer, header)
         go = await read_header(reader, ANSWER_TIMEOUT)
         if go.get("have"):
-            self._kept(rank, complete, peer, stage)
+            await self._kept(rank, complete, peer, stage)
             return
         if not go.get("ok"):
             self._fail(rank, complete, peer, f"the peer refused it: {go.get('why')}")
@@ -193,7 +193,7 @@ class Replicator:
                 await self._chunk(loop, writer, f, offset, size)
         verdict = await read_header(reader, ANSWER_TIMEOUT)
         if verdict.get("ok"):
-            self._kept(rank, complete, peer, stage)
+            await self._kept(rank, complete, peer, stage)
         else:
             self._fail(rank, complete, peer, f"the peer did not keep it: {verdict.get('why')}")
 
@@ -211,9 +211,9 @@ class Replicator:
         writer.write(await asyncio.to_thread(read_chunk, f.fileno(), offset, size))
         await writer.drain()
 
-    def _kept(self, rank: int, complete: Complete, peer: Peer, stage: str) -> None:
+    async def _kept(self, rank: int, complete: Complete, peer: Peer, stage: str) -> None:
         self.replicated[rank] = complete
-        if self.retained.keep(rank, Path(stage), complete):  # the staged copy is the retained one now
+        if await self.retained.keep(rank, Path(stage), complete):  # the staged copy is the retained one now
             self.stage_bytes = 0
         slots = self._held.table.get(rank)
         newest = None if slots is None else slots.newest()

@@ -40,6 +40,11 @@ def copy_file(src: str, dst: str, nbytes: int) -> None:
             done += n
 
 
+def _move(staged: Path, target: Path, nbytes: int) -> None:
+    os.truncate(staged, nbytes)  # a stage sized for a larger rank gives the rest back
+    staged.replace(target)
+
+
 class Retained:
     def __init__(self, held: HeldSnapshots, events: EventLog, clock: Clock) -> None:
         self._held, self._events, self._clock = held, events, clock
@@ -59,19 +64,24 @@ class Retained:
     def path_of(self, rank: int, slot: int) -> Path:
         return self._held.directory / f"retained.rank{rank}.{slot}"
 
-    def keep(self, rank: int, staged: Path, complete: Complete) -> bool:
+    async def keep(self, rank: int, staged: Path, complete: Complete) -> bool:
         """The staged copy of ``complete``, which the peer has verified, becomes the rank's
         retained copy (True: the staging file is gone); False when that step is retained
-        already or the file could not be moved (the stage stays as it was)."""
+        already or the file could not be moved (the stage stays as it was). The rename runs
+        in a thread: the copy it replaces gives its pages back, 20 ms per 100 MB here."""
         slots = self.table.setdefault(rank, RankSlots())
         if complete.step in slots.steps():
             return False
         free = [slot for slot in SLOTS if slot not in slots.complete]
         slot = free[0] if free else min(slots.complete, key=lambda s: slots.complete[s].at)
+        # the copy it replaces is gone from here on: nothing chooses it (a reclaim, a fetch)
+        slots.complete.pop(slot, None)
+        self.sizes.pop((rank, slot), None)
         try:
-            os.truncate(staged, complete.nbytes)  # a stage sized for a larger rank gives the rest back
-            staged.replace(self.path_of(rank, slot))
+            await asyncio.to_thread(_move, staged, self.path_of(rank, slot), complete.nbytes)
         except OSError:
+            with contextlib.suppress(OSError):
+                self.path_of(rank, slot).unlink()
             return False
         slots.complete[slot] = Complete(complete.step, complete.nbytes, complete.checksum,
                                         self._clock.monotonic())  # fmt: skip
