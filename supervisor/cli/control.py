@@ -337,14 +337,19 @@ def _snapshots_line(snap: dict[str, Any], shown: int = 8) -> str:
 
 
 def _replication_line(rep: dict[str, Any], shown: int = 8) -> str:
-    """Replicated to the next node: the peer, and per rank the step it keeps and the lag."""
+    """Replicated to the next node: the peer, and per rank the step it keeps and the lag;
+    the grid's stride when wider than every step, and the steps retained per rank."""
     peer = rep.get("peer")
     to = "no peer" if not peer else f"to node {peer['node']}" + (" (failed)" if peer.get("failed") else "")
     ranks = list((rep.get("ranks") or {}).items())
     kept = ", ".join(f"rank {r} step {v['replicated_step']} ({v['lag_steps']} steps, {v['lag_s']} s behind)"
                      if v.get("replicated_step") is not None else f"rank {r} none yet"
                      for r, v in ranks[:shown])  # fmt: skip
-    return f"replication: {to} at {rep.get('rate')} B/s; {kept or 'nothing held'}"
+    grid = f"; every {rep['stride']} steps" if (rep.get("stride") or 1) > 1 else ""
+    retained = "; ".join(f"rank {r} steps {', '.join(map(str, v))}"
+                         for r, v in list((rep.get("retained") or {}).items())[:shown])  # fmt: skip
+    return (f"replication: {to} at {rep.get('rate')} B/s; {kept or 'nothing held'}{grid}"
+            + (f"; retained: {retained}" if retained else ""))  # fmt: skip
 
 
 def render_status(s: dict[str, Any]) -> str:

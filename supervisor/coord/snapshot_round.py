@@ -1,6 +1,7 @@
 """What each node of a rendezvous round publishes about its snapshots, and gathers of
 the others' (``supervisor.core.job_snapshots``): one key per node under the round's
-prefix, ``snapshots/<node rank>``, a compact record (two steps a rank at most).
+prefix, ``snapshots/<node rank>``, a compact record (two steps a rank at most in its slots,
+two in its retained copies, two in the replicas it keeps).
 
 Blocking: called from the daemon's threads.
 """

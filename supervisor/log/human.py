@@ -223,6 +223,11 @@ SENTENCES: dict[str, Callable[[Fields], str | list[str]]] = {
     f"{f.get('peer')} ({f.get('why')}); no more copies to it this generation",
     "snapshot_replica_rejected": lambda f: f"a replica from node {f.get('node')} (rank {f.get('rank')}, step "
     f"{f.get('step')}) not kept: {f.get('why')}",
+    "snapshot_stride_changed": lambda f: f"replicating every {f.get('stride')} steps ({f.get('why')})",
+    "snapshot_retained_dropped": lambda f: f"rank {f.get('rank')}: retained step {f.get('step')} dropped "
+    f"({_mb(f.get('bytes'))}: {f.get('why')})",
+    "snapshot_replicas_released": lambda f: f"replicas of rank(s) {plain(f.get('ranks'))} released "
+    f"({_mb(f.get('bytes'))}: {f.get('why')})",
     "run_started": _run_started,
     "plugins_loaded": _plugins_loaded,
     "hosting": _hosting,

@@ -110,12 +110,23 @@ def test_a_node_that_lost_everything_restores_its_rank_from_the_peers_replica(
 def test_a_node_that_never_publishes_means_no_memory_restore_answered_within_the_deadline(
     tmp_path: Path, store_port: int
 ) -> None:
+    """Node 1 never publishes: no memory restore, answered within the gather's deadline. The
+    ranks start from disk or afresh and train step 1 again, so node 0's retained copy and
+    its replica of step 1 are of the timeline left behind: dropped, or a later agreement
+    could pair them with the new step 1 of another rank."""
+
     async def body() -> None:
         answers = Answers()
-        alone = node(tmp_path, "a", answers)
-        await alone.start()
+        alone, peer = node(tmp_path, "a", answers, rate=1 << 30), node(tmp_path, "b", Answers(), rate=1 << 30)
+        for n in (alone, peer):
+            await n.start()
         try:
-            await alone.take(0, 0, 1, payload(1, 1000))
+            alone.replicator.target(peer.peer(1), 0, 0)
+            peer.replicator.target(alone.peer(0), 0, 1)
+            await alone.take(0, 1, 1, payload(1, 1000))
+            await peer.take(1, 1, 1, payload(101, 1000))
+            kept = alone.job.retained.steps, alone.replicas.steps
+            await until(lambda: kept[0]() == {0: (1,)} and kept[1]() == {1: (1,)}, "retained and kept")
             started = time.monotonic()
             alone.job.joined(job_generation(store_port, 0), [0])
             assert alone.job.handle(schema.SnapshotRestore(0, 0, "r0"), [0]) is None
@@ -124,7 +135,76 @@ def test_a_node_that_never_publishes_means_no_memory_restore_answered_within_the
             assert time.monotonic() - started < GATHER_S + 5  # the gather's deadline, not the ready one's
             (agreed,) = alone.events("snapshots_agreed")
             assert agreed["step"] is None and "node(s) [1] published nothing" in agreed["why"]
+            assert kept[0]() == {} and kept[1]() == {}
+            assert not list(alone.held.directory.glob("re*.rank*"))  # their memory given back
+            assert alone.held.table[0].steps() == {1}  # the rank's own slots: it overwrites them itself
         finally:
-            await alone.stop()
+            for n in (alone, peer):
+                await n.stop()
+
+    asyncio.run(asyncio.wait_for(body(), 60))
+
+
+def test_a_replica_several_steps_behind_still_meets_a_step_every_rank_holds(
+    tmp_path: Path, store_port: int
+) -> None:
+    """Both nodes replicate every 4th step (the job's grid: a copy slower than a step widens
+    it) and retain their own ranks' copies of what their peer verified. The ranks go on to
+    step 11: their slots hold 10 and 11, the replica of node 1's rank is step 8, three
+    behind. Node 1 is lost whole: the job agrees on step 8, node 0's rank from its retained
+    copy, node 1's from the replica. Node 1 also ran rank 3 before; nobody runs it now, so
+    node 0 releases its replica once the agreement is over."""
+
+    async def body() -> None:
+        a_answers, b_answers = Answers(), Answers()
+        survivor = node(tmp_path, "a", a_answers, rate=1 << 30)
+        lost = node(tmp_path, "b", Answers(), rate=1 << 30)
+        for n in (survivor, lost):
+            await n.start()
+        survivor.replicator.target(lost.peer(1), 0, 0)
+        lost.replicator.target(survivor.peer(0), 0, 1)
+        for n in (survivor, lost):
+            n.replicator.widen(4, "as the job's agreement would")
+        for step in range(1, 12):
+            await survivor.take(0, step % 2, step, payload(step, 50_000))
+            await lost.take(1, step % 2, step, payload(100 + step, 70_000))
+            await lost.take(3, step % 2, step, payload(300 + step, 30_000))
+            if step % 4 == 0:  # each verified and retained by its sender before the rank goes on
+                await until(lambda s=step: s in survivor.job.retained.steps().get(0, ()), "0 retained")
+                kept = lost.job.retained.steps
+                await until(lambda s=step, k=kept: all(s in k().get(r, ()) for r in (1, 3)), "1, 3 retained")
+        assert survivor.held.table[0].steps() == {10, 11}
+        assert survivor.job.retained.steps() == {0: (4, 8)}
+        assert survivor.replicas.steps() == {1: (4, 8), 3: (4, 8)}
+        await lost.stop()
+        replacement = node(tmp_path, "c", b_answers)
+        await replacement.start()
+        try:
+            gens = [job_generation(store_port, n, generation=1) for n in (0, 1)]
+            survivor.job.joined(gens[0], [0])
+            replacement.job.joined(gens[1], [1])
+            assert survivor.job.handle(schema.SnapshotRestore(0, 1, "r0"), [0]) is None
+            assert replacement.job.handle(schema.SnapshotRestore(1, 1, "r1"), [1]) is None
+            await until(lambda: a_answers.sent and b_answers.sent, "both answered")
+            (_, a), (_, b) = a_answers.sent[0], b_answers.sent[0]
+            assert (a["step"], b["step"]) == (8, 8), (a, b)
+            # step 8 byte for byte: node 0's copied from its retained copy into a slot of its rank
+            assert Path(a["path"]).read_bytes()[: a["bytes"]] == payload(8, 50_000)
+            assert Path(b["path"]).read_bytes()[: b["bytes"]] == payload(108, 70_000)
+            (agreed,) = survivor.events("snapshots_agreed")
+            assert (agreed["step"], agreed["retained"], agreed["peers"]) == (8, [0], [])
+            assert [e["source"] for e in replacement.events("snapshot_restored")] == ["peer"]
+            # node 0's copies kept up within a step: the agreement narrows the job's grid to
+            # every step again, on both nodes (the replacement had none of its own)
+            assert survivor.replicator.stride == replacement.replicator.stride == 1
+            assert [e["stride"] for e in survivor.events("snapshot_stride_changed")] == [4, 1]
+            # rank 3's replica: released with its memory, rank 1's kept
+            assert survivor.replicas.steps() == {1: (4, 8)}
+            assert not list(survivor.held.directory.glob("replica.rank3.*"))
+            (released,) = survivor.events("snapshot_replicas_released")
+            assert (released["ranks"], released["bytes"]) == ([3], 60_000)
+        finally:
+            for n in (survivor, replacement):
+                await n.stop()
 
     asyncio.run(asyncio.wait_for(body(), 60))

@@ -4,7 +4,9 @@ receiver and its endpoint (Replicas), the fetch back (JobSnapshots). A slot is w
 and declared complete as a rank's client does (begin, the bytes, done with the xxh3_64).
 What must hold: a replica is complete only when its bytes match, comes back byte for
 byte, a bad header is refused before anything is written, and a peer (or a sender) that
-vanishes mid-copy is told once and costs no complete replica."""
+vanishes mid-copy is told once and costs no complete replica. A copy that ends steps behind
+widens the job's grid, and the peer follows; a verified copy is retained by its sender;
+replicas fit the budget by taking only the retained copies' room, never the ranks' own."""
 
 from __future__ import annotations
 
@@ -114,7 +116,7 @@ def test_a_complete_snapshot_reaches_the_peer_verified_and_comes_back_byte_for_b
         try:
             sender.replicator.target(keeper.peer(1), 0, 0)
             await sender.take(0, 0, 1, payload(1, 300_000))
-            await until(lambda: keeper.replicas.steps() == {0: (1,)}, "step 1 kept")
+            await until(lambda: sender.job.retained.steps() == {0: (1,)}, "step 1 kept and retained")
             await sender.take(0, 1, 2, payload(2, 200_000))
             await until(lambda: keeper.replicas.steps() == {0: (1, 2)}, "steps 1 and 2 kept")
             # a new daemon on the lost node, nothing in memory: it fetches step 2 into its slot
@@ -129,8 +131,11 @@ def test_a_complete_snapshot_reaches_the_peer_verified_and_comes_back_byte_for_b
             status = sender.replicator.describe(SYSTEM.monotonic())
             assert status["ranks"]["0"]["replicated_step"] == 2 and status["ranks"]["0"]["lag_steps"] == 0
             assert [e["step"] for e in sender.events("snapshot_replicated")] == [1]  # sampled
-            # the replicas and the staging count against the same budget as the slots
-            assert keeper.held.total == 500_000 and sender.held.total == 500_000 + 300_000
+            # the replicas and the retained copies count against the same budget as the slots:
+            # each staged copy, once verified, is the rank's retained copy (no stage left)
+            await until(lambda: sender.job.retained.steps() == {0: (1, 2)}, "step 2 retained")
+            assert sender.replicator.stage_bytes == 0
+            assert keeper.held.total == 500_000 and sender.held.total == 500_000 + 500_000
         finally:
             for n in (sender, keeper):
                 await n.stop()
@@ -231,5 +236,85 @@ def test_a_bad_header_is_refused_before_anything_is_written_and_bad_bytes_are_no
             assert any("token" in w for w in whys) and any("checksum" in w for w in whys), whys
         finally:
             await keeper.stop()
+
+    run(loop, tmp_path, body)
+
+
+def test_a_copy_that_ends_steps_behind_widens_the_grid_and_the_peer_follows(
+    tmp_path: Path, loop: Loop
+) -> None:
+    async def body(tmp: Path) -> None:
+        sender, keeper = Node(tmp, "a", rate=2 << 20), Node(tmp, "b")  # 2 MiB/s: 3 MiB take 1 s
+        for n in (sender, keeper):
+            await n.start()
+        try:
+            sender.replicator.target(keeper.peer(1), 0, 0)
+            await sender.take(0, 1, 1, payload(1, 3 << 20))
+            table = keeper.replicas.table
+            await until(lambda: 0 in table and table[0].writing, "step 1 in flight")
+            for step in (2, 3, 4):  # the rank goes on while step 1 is on its way
+                await sender.take(0, step % 2, step, payload(step, 4096))
+            # step 1 verified three steps behind: every 4th step from now (step 4, pending, is one)
+            await until(lambda: 4 in sender.job.retained.steps().get(0, ()), "step 4 retained")
+            (widened,) = sender.events("snapshot_stride_changed")
+            assert (widened["stride"], widened["lag_steps"]) == (4, 3)
+            # step 4's header told the keeper, whose own replicas follow the same grid
+            assert keeper.replicator.stride == 4
+            (followed,) = keeper.events("snapshot_stride_changed")
+            assert followed["lag_steps"] is None and "node 0 replicates every 4 steps" in followed["why"]
+            for step in (5, 6, 7, 8):  # 5 to 7 are off the grid: never queued to be sent
+                await sender.take(0, step % 2, step, payload(step, 4096))
+                assert sender.replicator.waiting == ({0: 8} if step == 8 else {}), step
+            await until(lambda: keeper.replicas.steps() == {0: (4, 8)}, "step 8 kept, 5 to 7 not sent")
+            await until(lambda: sender.job.retained.steps() == {0: (4, 8)}, "steps 4 and 8 retained")
+        finally:
+            for n in (sender, keeper):
+                await n.stop()
+
+    run(loop, tmp_path, body)
+
+
+def test_replicas_take_only_the_retained_copies_room_and_are_refused_once_when_none_is_left(
+    tmp_path: Path, loop: Loop
+) -> None:
+    async def body(tmp: Path) -> None:
+        keeper = Node(tmp, "b", rate=1 << 30, budget=1_000_000)
+        sender = Node(tmp, "a", rate=1 << 30)
+        for n in (sender, keeper):
+            await n.start()
+        try:
+            keeper.replicator.target(sender.peer(0), 0, 1)
+            sender.replicator.target(keeper.peer(1), 0, 0)
+            # the keeper's own rank: two slots of 200 kB, both retained once its peer verified them
+            for step in (1, 2):
+                await keeper.take(1, step % 2, step, payload(step, 200_000))
+                await until(lambda s=step: s in keeper.job.retained.steps().get(1, ()), "retained")
+            assert keeper.held.total == 800_000
+            # the sender's verdicts are in (retained) before its rank goes on: a step taken
+            # before would count in the copy's lag, and a wider grid skip the next step
+            await sender.take(0, 1, 1, payload(1, 150_000))  # fits beside all of it
+            await until(lambda: keeper.replicas.steps() == {0: (1,)}, "step 1 kept")
+            await until(lambda: 1 in sender.job.retained.steps().get(0, ()), "step 1 retained")
+            assert keeper.job.retained.steps() == {1: (1, 2)}
+            # 300 kB more fit only without the retained copies: they give way, oldest first
+            await sender.take(0, 0, 2, payload(2, 300_000))
+            await until(lambda: keeper.replicas.steps() == {0: (1, 2)}, "step 2 kept")
+            await until(lambda: 2 in sender.job.retained.steps().get(0, ()), "step 2 retained")
+            assert keeper.job.retained.steps() == {}
+            (dropped,) = keeper.events("snapshot_retained_dropped")
+            assert (dropped["rank"], dropped["step"]) == (1, 1) and "replica" in dropped["why"]
+            # 700 kB do not fit without the rank's own slots: refused, and they stay complete
+            await sender.take(0, 1, 3, payload(3, 700_000))
+            await until(lambda: sender.events("snapshot_replication_failed"), "the sender told")
+            sender.replicator.target(keeper.peer(1), 1, 0)  # the next generation offers it again
+            await sender.take(0, 0, 4, payload(4, 700_000))
+            await until(lambda: len(sender.events("snapshot_replication_failed")) == 2, "refused again")
+            (rejected,) = keeper.events("snapshot_replica_rejected")  # one event, however often
+            assert (rejected["rank"], rejected["step"]) == (0, 3) and "no room" in rejected["why"]
+            assert keeper.held.table[1].steps() == {1, 2} and keeper.replicas.steps() == {0: (1, 2)}
+            assert keeper.held.total <= keeper.held.budget
+        finally:
+            for n in (sender, keeper):
+                await n.stop()
 
     run(loop, tmp_path, body)

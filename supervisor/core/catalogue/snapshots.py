@@ -73,6 +73,7 @@ class SnapshotsAgreed(Event, name="snapshots_agreed"):
     why: str
     peers: list[int]  # this node's ranks whose step comes from a peer's replica
     seconds: float  # from this node's join to the agreement
+    retained: list[int] | None = None  # this node's ranks whose step comes from its retained copy
 
 
 class SnapshotReplicated(Event, name="snapshot_replicated"):
@@ -111,4 +112,45 @@ class SnapshotReplicaRejected(Event, name="snapshot_replica_rejected", level=WAR
     node: int | None
     rank: int | None
     step: int | None
+    why: str
+
+
+class SnapshotStrideChanged(Event, name="snapshot_stride_changed"):
+    """Replication now sends every N-th step only, the same steps on every node of the job.
+
+    Wider: a copy ended a stride or more behind its rank's newest step (too large a snapshot
+    for --snapshot-replication-rate in a step), or another node uses a wider stride. At each
+    agreement: the widest the nodes' recent copies needed, narrower after a slow spell. Each
+    node keeps its own ranks' last two replicated steps (retained), so a lost node restoring
+    from an older replica still finds its step on every other node."""
+
+    generation: int | None
+    stride: int
+    lag_steps: int | None  # the lag that widened it here; None: a peer or the agreement said so
+    why: str
+
+
+class SnapshotRetainedDropped(Event, name="snapshot_retained_dropped", level=WARNING):
+    """A retained copy (a replicated step kept for the job's agreement) was dropped for room.
+
+    --snapshot-memory is short: a rank's own slot, a peer's replica or the next copy to
+    send needed the room, and they come first. Told once per reason; a lost node's
+    replica lagging by more than a step may then find no common step (the job uses disk)."""
+
+    rank: int
+    step: int
+    bytes: int
+    why: str
+
+
+class SnapshotReplicasReleased(Event, name="snapshot_replicas_released"):
+    """Replicas of ranks nobody replicates here any more were released, with their memory.
+
+    The job's membership or order changed (a node gone for good, ranks elsewhere now):
+    the node that sends here does not run them. Told after the generation's agreement,
+    whose fetches they may have served."""
+
+    generation: int | None
+    ranks: list[int]
+    bytes: int
     why: str

@@ -96,9 +96,11 @@ class HeldSnapshots:
         self._restored: tuple[int, set[int]] = (-1, set())  # the generation, its ranks told restored
         self._lock: int | None = None  # held while the directory is ours (remove_stale tries it)
         self._sealed: tuple[int, asyncio.Future[int]] | None = None  # (generation, its seal)
-        # across nodes (runtime.services.job_snapshots): the bytes of replicas and staging
-        # the same budget holds, a slot just completed (to replicate), each rank's source
+        # across nodes (runtime.services.job_snapshots): the bytes of replicas, staging and
+        # retained copies the same budget holds, a slot just completed (to replicate), each
+        # rank's source, and the retained copies' room given back when a rank needs it
         self.extra: Callable[[], int] = lambda: 0
+        self.reclaim: Callable[[int], int] = lambda need: 0
         self.on_complete: Callable[[int, int], None] = lambda rank, slot: None
         self._sources: Mapping[int, str] = {}  # rank -> where its pinned step came from
 
@@ -164,6 +166,8 @@ class HeldSnapshots:
         have = self.sizes.get((m.rank, m.slot), 0)
         if m.nbytes <= have:
             return {"ok": True, "path": str(path)}
+        if self.total - have + m.nbytes > self.budget:
+            self.reclaim(self.total - have + m.nbytes - self.budget)  # the ranks' own come first
         over = self.total - have + m.nbytes
         if over > self.budget:
             why = (f"{m.nbytes} bytes for slot {m.slot} would hold {over} bytes of snapshots, over the "

@@ -3,17 +3,22 @@ ranks from a peer's replica.
 
 Right after a node joins a generation (before its ranks ask), its daemon publishes what it
 holds through the rendezvous store (``coord.snapshot_round``): its ranks' complete steps,
-the replicas it keeps, its replica endpoint. Once every node's record is in (or the
-deadline passed) the pure ``core.job_snapshots.decide`` picks the newest step every rank
-of the job can have and where each rank finds it. A rank whose own node lost it (a new
-daemon: the whole node was killed and started again) gets it from the peer that kept the
-replica: this daemon fetches it into the rank's own slot file, verified against its
-checksum, so the rank's ``restore()`` maps it as any other (the ranks need no address of
-a peer, and a fetch that fails fails before any rank has restored anything). Then each
+the replicas it keeps, its retained copies, its replica endpoint and stride. Once every
+node's record is in (or the deadline passed) the pure ``core.job_snapshots.decide`` picks
+the newest step every rank of the job can have and where each rank finds it. A rank whose
+step this node holds only in a retained copy gets it copied into one of its slots. A rank
+whose own node lost it (a new daemon: the whole node was killed and started again) gets it
+from the peer that kept the replica: this daemon fetches it into the rank's own slot file,
+verified against its checksum, so the rank's ``restore()`` maps it as any other (the ranks
+need no address of a peer, and a fetch that fails fails before any rank has restored
+anything). Then each
 node says it is ready for that step, and only when every node is ready for the same step
 does the generation restore it; anything else (a node late, a fetch that failed) means no
 memory restore this generation, one event says why, and the ranks go on from disk or
-afresh, never from mixed steps.
+afresh, never from mixed steps. Once every node said it is ready (all fetches done), the
+replicas of ranks the previous node no longer runs, and the retained copies of ranks this
+node no longer runs, are released; so are the replicas and retained copies of steps newer
+than the one agreed (all of them when none is): the ranks train those steps again.
 
 Meanwhile a rank's ``restore`` request waits: it is answered (through the inbox, to the
 rank that asked) once the generation's step is pinned.
@@ -31,12 +36,22 @@ from supervisor.aio import in_thread
 from supervisor.clock import Clock
 from supervisor.coord import snapshot_round as rnd
 from supervisor.core.catalogue.snapshots import SnapshotReplicaRejected, SnapshotsAgreed
-from supervisor.core.job_snapshots import JobRestore, NodeHeld, confirm, decide, peer_of
+from supervisor.core.job_snapshots import (
+    JobRestore,
+    NodeHeld,
+    agreed_stride,
+    confirm,
+    decide,
+    left_behind,
+    peer_of,
+    stale_replicas,
+)
 from supervisor.core.memory_snapshots import held_steps
 from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.services.held_snapshots import Answer, HeldSnapshots, SnapshotMessage
 from supervisor.runtime.services.replicas import Replicas
 from supervisor.runtime.services.replicator import CONNECT_TIMEOUT, Peer, Replicator, parse_endpoint
+from supervisor.runtime.services.retained import Retained
 from supervisor.runtime.services.snapshot_wire import (
     STREAM_LIMIT,
     WireError,
@@ -84,6 +99,10 @@ class JobSnapshots:
         finally:
             self.replicas.close()
 
+    @property
+    def retained(self) -> Retained:
+        return self.replicator.retained
+
     def describe(self, now: float) -> dict[str, Any]:
         return {**self.replicator.describe(now), "endpoint": self.replicas.endpoint,
                 "replicas": {str(r): list(s) for r, s in self.replicas.steps().items()},
@@ -126,9 +145,10 @@ class JobSnapshots:
 
     async def _agree(self, job_gen: JobGeneration, ranks: Collection[int]) -> None:
         gen, started = job_gen.generation, self._clock.monotonic()
-        step, why, peers = None, "", list[int]()
+        step, why, peers, kept = None, "", list[int](), list[int]()
         try:
             decision = await self._decide(job_gen, ranks)
+            kept = decision.kept(ranks)
             ready, why, peers = await self._fetch(decision, job_gen, ranks)
             joined, n = job_gen.joined, job_gen.nnodes
             assert joined is not None
@@ -139,6 +159,8 @@ class JobSnapshots:
                     lambda: rnd.gather_ready(joined, n, READY_S, self._clock), "snapshots-all"
                 )
                 step, why = confirm(answers, n)
+            # every fetch it could serve is over (or, not ready itself, the job restores none)
+            self._release(job_gen, ranks, step)
         except Exception as exc:  # a store gone, a peer gone: no memory restore, never a stuck rank
             step, why = None, f"the agreement failed: {type(exc).__name__}: {exc}"
         finally:
@@ -149,6 +171,7 @@ class JobSnapshots:
             self._answer_waiting(gen)
         self._events.emit(SnapshotsAgreed(generation=gen, step=step, why=why,
                                           peers=sorted(peers) if step is not None else [],
+                                          retained=kept if step is not None else [],
                                           seconds=round(self._clock.monotonic() - started, 6)))  # fmt: skip
 
     async def _decide(self, job_gen: JobGeneration, ranks: Collection[int]) -> JobRestore:
@@ -162,7 +185,8 @@ class JobSnapshots:
         held = held_steps(self._held.table, set(ranks) | set(self._held.table))
         mine = {r: tuple(s) for r, s in held.items() if s}
         record = NodeHeld(job_gen.node_rank, tuple(sorted(ranks)), mine, self.replicas.steps(),
-                          self.replicas.endpoint, self.replicas.token)  # fmt: skip
+                          self.replicas.endpoint, self.replicas.token, self.retained.steps(),
+                          self.replicator.need)  # fmt: skip
         await in_thread(lambda: rnd.publish(joined, record), "snapshots-publish")
         published = await in_thread(lambda: rnd.gather(joined, n, GATHER_S, self._clock), "snapshots-gather")
         # the next node takes this node's replicas from now on (membership may have changed)
@@ -173,6 +197,8 @@ class JobSnapshots:
             host, port = parse_endpoint(endpoint)
             peer = Peer(after, host, port, published[after].token)
         self.replicator.target(peer, job_gen.generation, job_gen.node_rank)
+        why = "the job's agreement: the widest its nodes' recent copies needed"
+        self.replicator.settle(agreed_stride(published), why)
         self._published = published
         return decide(published, n)
 
@@ -184,6 +210,11 @@ class JobSnapshots:
         step = decision.step
         if step is None:
             return None, decision.why, []
+        for rank in decision.kept(ranks):
+            try:
+                await self.retained.restore_into(rank, step)
+            except (OSError, ValueError) as exc:
+                return None, f"rank {rank}'s step {step} from its retained copy: {exc}", []
         fetched = []
         for rank, node in decision.fetched(job_gen.node_rank, ranks).items():
             record = self._published[node]  # this node's own too: the job's order changed
@@ -195,6 +226,19 @@ class JobSnapshots:
                 return None, f"rank {rank}'s step {step} from node {node}: {type(exc).__name__}: {exc}", []
             fetched.append(rank)
         return step, decision.why, fetched
+
+    def _release(self, job_gen: JobGeneration, ranks: Collection[int], step: int | None) -> None:
+        """What nobody needs any more, now that the job's order and step are known: the
+        replicas of ranks the previous node does not run, the retained copies of ranks not
+        run here, and the copies of steps of a timeline the job left (``left_behind``)."""
+        self.retained.drop(left_behind(self.retained.steps(), step))
+        self.replicas.drop(left_behind(self.replicas.steps(), step))
+        node, n = job_gen.node_rank, job_gen.nnodes
+        stale = stale_replicas(node, n, self._published, self.replicas.table)
+        before = (node - 1) % n if n > 1 else None
+        self.replicas.release(stale, job_gen.generation, f"node {before} (the one that replicates here) "
+                              f"does not run them in generation {job_gen.generation}")  # fmt: skip
+        self.retained.release(ranks)
 
     async def fetch_one(self, record: NodeHeld, rank: int, step: int, node_rank: int) -> None:
         assert record.endpoint is not None
@@ -231,9 +275,12 @@ class JobSnapshots:
 def across_nodes(held: HeldSnapshots, events: EventLog, clock: Clock, *, rate: int, job: str, host: str,
                  inbox: Callable[[], Any]) -> JobSnapshots:  # fmt: skip
     """The pieces wired to ``held``: replicas kept and sent within its budget, a complete
-    slot offered to the sender."""
-    replicas = Replicas(held, events, clock, host=host)
-    replicator = Replicator(held, events, clock, rate=rate, job=job)
-    held.extra = lambda: replicas.bytes + replicator.stage_bytes
+    slot offered to the sender, the retained copies giving way to the rest."""
+    retained = Retained(held, events, clock)
+    replicas = Replicas(held, events, clock, host=host, retained=retained)
+    replicator = Replicator(held, events, clock, rate=rate, job=job, retained=retained)
+    held.extra = lambda: replicas.bytes + replicator.stage_bytes + retained.bytes
     held.on_complete = replicator.offer
+    held.reclaim = lambda need: retained.reclaim(need, "a rank's own snapshot needed the room")
+    replicas.on_stride = replicator.widen
     return JobSnapshots(held, replicas, replicator, events, clock, inbox=inbox)

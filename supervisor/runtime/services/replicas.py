@@ -9,6 +9,12 @@ as the ranks' own slots. A replica goes into the slot that does not hold the new
 complete one, so a copy cut off never costs the newest; it is complete only when the
 bytes match the checksum the header gave (the rank's own, recorded by its daemon).
 
+Within the budget: a replica that does not fit takes the room of this node's retained
+copies (``retained``), never of its ranks' slots or of another replica; failing that it is
+refused, told once per rank. A replica smaller than its file gives the rest back, and the
+replicas of ranks the previous node no longer runs are released after each agreement
+(``release``). Each header carries the sender's stride: a wider one widens this node's.
+
 The endpoint listens on the node's address (the one its peers reach it by), on a port
 the kernel picks, and publishes ``host:port`` and a token through the rendezvous store:
 a header without the token is refused before anything is written.
@@ -17,16 +23,19 @@ a header without the token is refused before anything is written.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from supervisor.clock import Clock
-from supervisor.core.catalogue.snapshots import SnapshotReplicaRejected
+from supervisor.core.catalogue.snapshots import SnapshotReplicaRejected, SnapshotReplicasReleased
 from supervisor.core.job_snapshots import Offer, read_offer
 from supervisor.core.memory_snapshots import Complete, RankSlots
 from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.services.held_snapshots import HeldSnapshots
+from supervisor.runtime.services.retained import Retained
 from supervisor.runtime.services.snapshot_wire import (
     CHUNK,
     STREAM_LIMIT,
@@ -43,8 +52,11 @@ GEN = 0  # replicas have no generation of this daemon's: one for RankSlots' book
 
 
 class Replicas:
-    def __init__(self, held: HeldSnapshots, events: EventLog, clock: Clock, *, host: str) -> None:
+    def __init__(self, held: HeldSnapshots, events: EventLog, clock: Clock, *, host: str,
+                 retained: Retained | None = None) -> None:  # fmt: skip
         self._held, self._events, self._clock, self._host = held, events, clock, host
+        self.retained = Retained(held, events, clock) if retained is None else retained
+        self.on_stride: Callable[[int, str], None] = lambda stride, why: None  # a sender's wider grid
         self.token = secrets.token_hex(16)
         self.table: dict[int, RankSlots] = {}
         self.sizes: dict[tuple[int, int], int] = {}
@@ -85,6 +97,31 @@ class Replicas:
         """The run's directory is gone (released): so are the replicas."""
         self.table, self.sizes = {}, {}
 
+    def drop(self, steps: Mapping[int, Collection[int]]) -> None:
+        """Drop the replicas of these steps (rank -> steps), their files with them."""
+        for rank, dropped in steps.items():
+            slots = self.table.get(rank, RankSlots())
+            for slot, held in list(slots.complete.items()):
+                if held.step in dropped:
+                    del slots.complete[slot]
+                    self.sizes.pop((rank, slot), None)
+                    with contextlib.suppress(OSError):
+                        self.path_of(rank, slot).unlink()
+
+    def release(self, ranks: Collection[int], generation: int | None, why: str) -> None:
+        """Drop the replicas of ``ranks`` and give their memory back (one event)."""
+        gone = sorted(set(ranks) & set(self.table))
+        freed = 0
+        for rank in gone:
+            del self.table[rank]
+            for slot in (0, 1):
+                freed += self.sizes.pop((rank, slot), 0)
+                with contextlib.suppress(OSError):
+                    self.path_of(rank, slot).unlink()
+        if gone:
+            released = SnapshotReplicasReleased(generation=generation, ranks=gone, bytes=freed, why=why)
+            self._events.emit(released)
+
     # -- one connection: replicas offered, one after the other, or a fetch ---------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -95,10 +132,10 @@ class Replicas:
                     raw = await read_header(reader, IDLE)
                 except WireError:
                     return  # the sender closed between two replicas, or went away
-                room = self._held.budget - self._held.total
-                offer = read_offer(raw, self.token, limit=max(room, 0) + self._largest())
+                # the room itself is _take's: it knows the file the replica replaces
+                offer = read_offer(raw, self.token, limit=self._held.budget)
                 if isinstance(offer, str):
-                    self._reject(raw, offer)
+                    self._reject(raw, offer, "room" if "room" in offer else None)
                     await send_header(writer, {"ok": False, "why": offer})
                     return
                 if offer.kind == "fetch":
@@ -111,11 +148,10 @@ class Replicas:
             self._writers.discard(writer)
             writer.close()
 
-    def _largest(self) -> int:
-        return max(self.sizes.values(), default=0)
-
     async def _take(self, offer: Offer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """Keep one replica; False when the connection cannot go on."""
+        if offer.stride > 1:
+            self.on_stride(offer.stride, f"node {offer.node} replicates every {offer.stride} steps")
         slots = self.table.setdefault(offer.rank, RankSlots())
         if offer.step in slots.steps():
             await send_header(writer, {"ok": True, "have": True})
@@ -126,11 +162,12 @@ class Replicas:
         slot = 0 if latest is None else 1 - latest[0]
         have = self.sizes.get((offer.rank, slot), 0)
         if offer.nbytes > have:
-            if self._held.total - have + offer.nbytes > self._held.budget:
-                why = f"{offer.nbytes} bytes do not fit --snapshot-memory ({self._held.budget})"
-                self._reject(offer, why)
+            why = self._no_room(offer, offer.nbytes - have)
+            if why is not None:
+                self._reject(offer, why, "room")
                 await send_header(writer, {"ok": False, "why": why})
                 return True  # the sender may offer a smaller one later
+        if offer.nbytes != have:  # grown, or shrunk: a smaller replica gives the rest back
             self._held.grow(self.path_of(offer.rank, slot), offer.nbytes)
             self.sizes[offer.rank, slot] = offer.nbytes
         slots.begin(slot, GEN, self._clock.monotonic())  # incomplete from here
@@ -154,12 +191,26 @@ class Replicas:
         await send_header(writer, {"ok": True})
         return True
 
+    def _no_room(self, offer: Offer, more: int) -> str | None:
+        """Why ``more`` bytes for ``offer`` do not fit the budget (after this node's retained
+        copies gave theirs), or None when they do. The node's own slots are never touched."""
+        over = self._held.total + more - self._held.budget
+        if over > 0:
+            self.retained.reclaim(over, "a peer's replica needed the room")
+        if self._held.total + more <= self._held.budget:
+            return None
+        return (f"no room for rank {offer.rank}'s replica of step {offer.step} ({offer.nbytes} bytes): "
+                f"{self._held.total} of --snapshot-memory {self._held.budget} held, {self.bytes} by "
+                f"replicas; the node's own ranks' snapshots come first")  # fmt: skip
+
     async def _give(self, offer: Offer, writer: asyncio.StreamWriter) -> None:
-        """A replica back, or a slot of a rank this node ran before the job's order changed
-        (none of this generation's ranks writes it)."""
+        """A replica back, or a slot or retained copy of a rank this node ran before the job's
+        order changed (none of this generation's ranks writes it)."""
         path, found = self.path_of, self._holding(self.table, offer)
         if found is None:
             path, found = self._held.path, self._holding(self._held.table, offer)
+        if found is None:
+            path, found = self.retained.path_of, self._holding(self.retained.table, offer)
         if found is None:
             why = f"no replica of rank {offer.rank} step {offer.step}"
             await send_header(writer, {"ok": False, "why": why})
@@ -182,8 +233,10 @@ class Replicas:
         slots = table.get(offer.rank)
         return None if slots is None else slots.holding(offer.step)
 
-    def _reject(self, offer: Offer | dict[str, Any], why: str) -> None:
-        reason = why.split(":", maxsplit=1)[0][:60]
+    def _reject(self, offer: Offer | dict[str, Any], why: str, kind: str | None = None) -> None:
+        """Tell a refusal once per reason (``kind``: once per kind and rank, whatever the numbers)."""
+        rank = offer.get("rank") if isinstance(offer, dict) else offer.rank
+        reason = why.split(":", maxsplit=1)[0][:60] if kind is None else f"{kind} {rank!r:.20}"
         if reason in self._told:
             return
         self._told.add(reason)

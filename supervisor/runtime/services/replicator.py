@@ -16,27 +16,41 @@ the rank that waited longest first:
 
 The peer is chosen by the job's agreement each generation (``target``); one that vanishes
 or refuses is told once, and nothing more goes to it until the next agreement.
+
+Only steps on the job's grid are sent (``core.job_snapshots.on_grid``: all of them while
+the copies keep up). Once the peer verified a copy, the staged file becomes the rank's
+retained copy (``retained``) and the next copy stages afresh; a copy that ended a stride
+or more behind widens the stride, and so does a wider one in a peer's header (``widen``).
+Each header carries the stride, so the nodes converge; each agreement sets the stride the
+nodes' recent copies needed (``need``, ``settle``), narrower again after a slow spell.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
+from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from supervisor.clock import Clock
-from supervisor.core.catalogue.snapshots import SnapshotReplicated, SnapshotReplicationFailed
-from supervisor.core.job_snapshots import pause
+from supervisor.core.catalogue.snapshots import (
+    SnapshotReplicated,
+    SnapshotReplicationFailed,
+    SnapshotStrideChanged,
+)
+from supervisor.core.job_snapshots import needed_stride, on_grid, pause, stride_for
 from supervisor.core.memory_snapshots import Complete
 from supervisor.runtime.records.events import EventLog
 from supervisor.runtime.services.held_snapshots import TAKEN_EVERY, HeldSnapshots
+from supervisor.runtime.services.retained import Retained, copy_file
 from supervisor.runtime.services.snapshot_wire import CHUNK, read_chunk, read_header, send_header
 
 CONNECT_TIMEOUT = 5.0
 ANSWER_TIMEOUT = 30.0  # seconds the receiver may take to say go, or to verify what it wrote
 STAGE = "stage"  # the staging file's name in the run's directory
+LAGS = 16  # copies whose lag says which stride the next agreement needs
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,21 +66,13 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def copy_file(src: str, dst: str, nbytes: int) -> None:
-    """The first ``nbytes`` of ``src`` into ``dst``, in the kernel."""
-    with open(src, "rb") as s, open(dst, "r+b") as d:
-        done = 0
-        while done < nbytes:
-            n = os.copy_file_range(s.fileno(), d.fileno(), nbytes - done, done, done)
-            if n <= 0:
-                raise OSError(f"{src} ended after {done} of {nbytes} bytes")
-            done += n
-
-
 class Replicator:
     def __init__(self, held: HeldSnapshots, events: EventLog, clock: Clock, *, rate: int, job: str,
-                 node_rank: int = 0) -> None:  # fmt: skip
+                 node_rank: int = 0, retained: Retained | None = None) -> None:  # fmt: skip
         self._held, self._events, self._clock = held, events, clock
+        self.retained = Retained(held, events, clock) if retained is None else retained
+        self.stride = 1  # the job's grid: only its steps are sent (narrowed at an agreement only)
+        self._lags: deque[int] = deque(maxlen=LAGS)  # steps behind, at the last copies' verdicts
         self.rate, self.job, self.node_rank = rate, job, node_rank
         self.generation: int | None = None
         self.peer: Peer | None = None
@@ -84,9 +90,31 @@ class Replicator:
         """A slot just completed (``HeldSnapshots.on_complete``): the newest to send."""
         slots = self._held.table.get(rank)
         complete = None if slots is None else slots.complete.get(slot)
-        if self.rate > 0 and complete is not None:
+        if self.rate > 0 and complete is not None and on_grid(complete.step, self.stride):
             self._pending[rank] = (slot, complete)
             self._wake.set()
+
+    @property
+    def waiting(self) -> dict[int, int]:
+        """rank -> the step waiting to be sent."""
+        return {rank: complete.step for rank, (_, complete) in self._pending.items()}
+
+    @property
+    def need(self) -> int:
+        """The stride this node's recent copies needed (what it publishes at an agreement)."""
+        return needed_stride(self._lags)
+
+    def widen(self, stride: int, why: str, lag: int | None = None) -> None:
+        """Send every ``stride``-th step from now, when wider than today's grid."""
+        if stride > self.stride:
+            self.settle(stride, why, lag)
+
+    def settle(self, stride: int, why: str, lag: int | None = None) -> None:
+        """Send every ``stride``-th step from now (the job's agreement: narrower too)."""
+        if stride != self.stride:
+            self.stride = stride
+            self._events.emit(SnapshotStrideChanged(generation=self.generation, stride=stride, lag_steps=lag,
+                                                    why=why))  # fmt: skip
 
     def target(self, peer: Peer | None, generation: int, node_rank: int) -> None:
         """The peer the job chose for this generation (None: no replication now)."""
@@ -113,10 +141,13 @@ class Replicator:
         return slots is not None and slots.complete.get(slot) is complete and slot not in slots.writing
 
     async def _one(self, rank: int, slot: int, complete: Complete, peer: Peer) -> None:
-        if not self._current(rank, slot, complete):
-            return  # begun again already: a newer one is pending
+        if not self._current(rank, slot, complete) or not on_grid(complete.step, self.stride):
+            return  # begun again already (a newer one is pending), or off a grid widened since
         stage = self._held.directory / STAGE
         if complete.nbytes > self.stage_bytes:
+            over = self._held.total + complete.nbytes - self.stage_bytes - self._held.budget
+            if over > 0:  # the oldest retained copies give way to the copy that retains a newer
+                self.retained.reclaim(over, "the next copy to send needed the room")
             if self._held.total + complete.nbytes - self.stage_bytes > self._held.budget:
                 why = f"no room to stage {complete.nbytes} bytes in --snapshot-memory"
                 self._fail(rank, complete, peer, why)
@@ -141,11 +172,12 @@ class Replicator:
         reader, writer = self._conn
         header: dict[str, Any] = {"kind": "replica", "token": peer.token, "job": self.job,
                                   "node": self.node_rank, "rank": rank, "step": complete.step,
-                                  "bytes": complete.nbytes, "checksum": complete.checksum}  # fmt: skip
+                                  "bytes": complete.nbytes, "checksum": complete.checksum,
+                                  "stride": self.stride}  # fmt: skip
         await send_header(writer, header)
         go = await read_header(reader, ANSWER_TIMEOUT)
         if go.get("have"):
-            self._kept(rank, complete, peer)
+            await self._kept(rank, complete, peer, stage)
             return
         if not go.get("ok"):
             self._fail(rank, complete, peer, f"the peer refused it: {go.get('why')}")
@@ -161,7 +193,7 @@ class Replicator:
                 await self._chunk(loop, writer, f, offset, size)
         verdict = await read_header(reader, ANSWER_TIMEOUT)
         if verdict.get("ok"):
-            self._kept(rank, complete, peer)
+            await self._kept(rank, complete, peer, stage)
         else:
             self._fail(rank, complete, peer, f"the peer did not keep it: {verdict.get('why')}")
 
@@ -179,8 +211,16 @@ class Replicator:
         writer.write(await asyncio.to_thread(read_chunk, f.fileno(), offset, size))
         await writer.drain()
 
-    def _kept(self, rank: int, complete: Complete, peer: Peer) -> None:
+    async def _kept(self, rank: int, complete: Complete, peer: Peer, stage: str) -> None:
         self.replicated[rank] = complete
+        if await self.retained.keep(rank, Path(stage), complete):  # the staged copy is the retained one now
+            self.stage_bytes = 0
+        slots = self._held.table.get(rank)
+        newest = None if slots is None else slots.newest()
+        lag = 0 if newest is None else max(0, newest.step - complete.step)
+        self._lags.append(lag)
+        why = f"rank {rank}'s step {complete.step} reached node {peer.node} {lag} steps behind"
+        self.widen(stride_for(lag, self.stride), why, lag)
         now = self._clock.monotonic()
         told = self._told.get(rank)
         if told is None or told[0] != self.generation or now - told[1] >= TAKEN_EVERY:
@@ -217,4 +257,5 @@ class Replicator:
                 "lag_s": None if kept is None else round(max(0.0, newest.at - kept.at), 3),
             }
         peer = None if self.peer is None else {"node": self.peer.node, "failed": self._failed}
-        return {"rate": self.rate, "peer": peer, "ranks": ranks, "torn": self.torn}
+        return {"rate": self.rate, "peer": peer, "ranks": ranks, "torn": self.torn, "stride": self.stride,
+                **self.retained.describe()}  # fmt: skip
