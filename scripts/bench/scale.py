@@ -61,8 +61,9 @@ thread that waits past 5 s for a core fails there, not in a real job.
 
 The nodes' CPU at rest, divided by ``N``, is a node's daemon CPU for the rendezvous,
 torch's keep-alive thread included. Runs of different ``N`` are interleaved;
-medians of ``--runs``. ``FT_SCALE_TRACE=1`` logs every state read and
-compare-and-set (time, seconds, success, thread) to /tmp/ft-scale-cas.PID.
+medians of ``--runs``. ``FT_SCALE_TRACE=1`` logs every state read, compare-and-set
+and back-off after a lost write (time, seconds, success or what, thread name:ident, which
+tells one node's keep-alive thread from another's) to /tmp/ft-scale-cas.PID.
 """
 
 from __future__ import annotations
@@ -147,9 +148,7 @@ def _trace_compare_sets() -> None:
     def traced(self: Any, state: bytes, token: Any = None) -> Any:
         t0 = time.monotonic()
         got = real(self, state, token)
-        out.write(
-            f"{t0:.3f} {time.monotonic() - t0:.4f} {bool(got and got[2])} {threading.current_thread().name}\n"
-        )
+        out.write(f"{t0:.3f} {time.monotonic() - t0:.4f} {bool(got and got[2])} {_who()}\n")
         out.flush()
         return got
 
@@ -159,11 +158,31 @@ def _trace_compare_sets() -> None:
     def traced_get(self: Any) -> Any:
         t0 = time.monotonic()
         got = real_get(self)
-        out.write(f"{t0:.3f} {time.monotonic() - t0:.4f} get {threading.current_thread().name}\n")
+        out.write(f"{t0:.3f} {time.monotonic() - t0:.4f} get {_who()}\n")
         out.flush()
         return got
 
     cb.C10dRendezvousBackend.get_state = traced_get
+    with contextlib.suppress(ImportError):  # a tree without the back-off (before/after runs)
+        from supervisor.coord import pace  # noqa: PLC0415
+
+        back_off = pace.Window.back_off
+
+        def traced_back_off(self: Any, *args: Any, **kwargs: Any) -> None:
+            t0 = time.monotonic()
+            back_off(self, *args, **kwargs)
+            out.write(
+                f"{t0:.3f} {time.monotonic() - t0:.4f} backoff {_who()} {getattr(self, 'losses', args)}\n"
+            )
+            out.flush()
+
+        pace.Window.back_off = traced_back_off  # type: ignore[method-assign]
+
+
+def _who() -> str:
+    """A trace line's thread: its name (what it does) and ident (which node's it is)."""
+    me = threading.current_thread()
+    return f"{me.name}:{me.ident}"
 
 
 def _time_news() -> dict[str, list[float]]:

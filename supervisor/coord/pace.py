@@ -18,6 +18,15 @@ lose. A node that lost backs off first, for a random time up to a bound that dou
 each loss in a row, up to the interval between two looks (``Pace.backoff``), then reads
 the state again and writes on that.
 
+The losses are counted per operation (``Window.begin``), and a back-off never takes more
+than a quarter of what is left of the operation's deadline. A keep-alive has torch's
+heartbeat timeout (5 s) to land its write, and the interval between two looks can be
+longer (scripts/bench/scale.py paces a 1,024-node join at 16 s). Counted per holder, the
+losses of a keep-alive that failed (or of a join's storm that never ended in a win)
+started the node's next keep-alive at its longest back-off, past its deadline: one
+failed keep-alive made the next ones fail, until the node's heartbeat went stale and
+its peers counted it lost.
+
 No torch here: the handler asks a ``Window`` whether to look quickly, how long to wait
 between two looks, and how long to back off after a lost write.
 """
@@ -25,6 +34,7 @@ between two looks, and how long to back off after a lost write.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from supervisor.clock import SYSTEM, Clock
@@ -35,6 +45,7 @@ STORE_LOOKS = 500.0
 TORCH_POLL = 1.0  # torch's own wait between two looks at the state
 TORCH_CACHE = 1.0  # torch's own: how old a state its holder serves
 FIRST_BACKOFF = 0.01  # the bound after a first lost write: a round trip to the store or two
+DEADLINE_SHARE = 0.25  # a back-off takes at most this share of what is left of its operation's time
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,22 +59,30 @@ class Pace:
     def interval(self, max_nodes: int) -> float:
         return min(self.slowest, max(self.fast, max_nodes / self.looks))
 
-    def backoff(self, losses: int, max_nodes: int, draw: float) -> float:
-        """How long to wait after ``losses`` lost writes in a row; ``draw`` in [0, 1)."""
+    def backoff(self, losses: int, max_nodes: int, draw: float, left: float = float("inf")) -> float:
+        """How long to wait after ``losses`` lost writes in a row, ``left`` seconds before
+        the operation's deadline; ``draw`` in [0, 1)."""
         if losses <= 0:
             return 0.0
         bound = FIRST_BACKOFF * 2.0 ** min(losses - 1, 30)
-        return draw * min(bound, max(self.interval(max_nodes), FIRST_BACKOFF))
+        return draw * min(
+            bound, max(self.interval(max_nodes), FIRST_BACKOFF), max(left, 0.0) * DEADLINE_SHARE
+        )
 
 
 class Window:
     """The start of a round, when a node looks at the state quickly and uncached."""
 
-    def __init__(self, pace: Pace, max_nodes: int, clock: Clock = SYSTEM) -> None:
+    def __init__(
+        self, pace: Pace, max_nodes: int, clock: Clock = SYSTEM, draw: Callable[[], float] | None = None
+    ) -> None:
         self.pace, self.clock, self.max_nodes = pace, clock, max_nodes
         self.interval = pace.interval(max_nodes)
-        self._draw = random.Random().random  # noqa: S311 - a jitter; each node its own: a shared seed collides
+        # a jitter; each node its own: a shared seed collides (tests pass a fixed draw)
+        self._draw = draw or random.Random().random  # noqa: S311
         self._until = float("-inf")
+        self.losses = 0  # writes lost in a row, in the operation under way
+        self._deadline = float("inf")  # that operation's: torch's, on the system's monotonic time
 
     def open(self) -> None:
         self._until = self.clock.monotonic() + self.pace.window
@@ -78,6 +97,16 @@ class Window:
         """Between two quick looks (blocking: the rendezvous runs in a thread)."""
         self.clock.pause(self.interval)
 
-    def back_off(self, losses: int) -> None:
+    def begin(self, deadline: float) -> None:
+        """An operation starts (a join, a keep-alive, an exit), to end by ``deadline``:
+        its losses are its own."""
+        self.losses, self._deadline = 0, deadline
+
+    def won(self) -> None:
+        self.losses = 0
+
+    def back_off(self) -> None:
         """After a write that lost the race (blocking, as ``wait``)."""
-        self.clock.pause(self.pace.backoff(losses, self.max_nodes, self._draw()))
+        self.losses += 1
+        left = self._deadline - self.clock.monotonic()
+        self.clock.pause(self.pace.backoff(self.losses, self.max_nodes, self._draw(), left))

@@ -202,7 +202,6 @@ class _PacedHolder(dyn._RendezvousStateHolder):
         self._inner, self._window, self._cache = inner, window, cache
         self._dirty = False
         self._synced = float("-inf")
-        self._losses = 0  # writes lost in a row
 
     @property
     def state(self) -> Any:
@@ -215,12 +214,11 @@ class _PacedHolder(dyn._RendezvousStateHolder):
         has_set = self._inner.sync()
         self._dirty, self._synced = False, self._window.clock.monotonic()
         if has_set is False:  # another node wrote first: torch would write again at once
-            self._losses += 1
-            self._window.back_off(self._losses)
+            self._window.back_off()
             self._inner.sync()  # and on what it read then, stale by now: read it again
             self._synced = self._window.clock.monotonic()
         elif has_set:
-            self._losses = 0
+            self._window.won()
         return has_set
 
     def mark_dirty(self) -> None:
@@ -243,12 +241,14 @@ class _PacedExecutor(dyn._RendezvousOpExecutor):
         deadline: float,
         update_deadline: Callable[[timedelta], float] | None = None,
     ) -> None:
+        self._window.begin(deadline)  # this op's losses, and how long it may back off
         renewed: Callable[[timedelta], float] | None = None
         if update_deadline is not None:
 
             def renewed(timeout: timedelta) -> float:  # a spare given a place: torch renews
                 nonlocal deadline  # its deadline, which the next run must keep
                 deadline = update_deadline(timeout)
+                self._window.begin(deadline)
                 return deadline
 
         while self._window.quick():
