@@ -24,6 +24,7 @@ from supervisor.client import snapshots
 from supervisor.client.snapshot_slots import SlotError
 from supervisor.core.topology import ENV_PREMAP
 from supervisor.process import bootstrap
+from tests.support import wait_until
 
 RANK = 3
 
@@ -87,8 +88,9 @@ def test_the_restore_after_the_go_reads_the_slot_the_standby_mapped(premap: Any,
     assert np.array_equal(back["w"], state(4)["w"]) and back["loader"] == [4, "x"]
     back["w"][0] = -1.0  # the rank's to modify: copy-on-write, the slot keeps step 4
     assert slotfile.read_slot(str(slot0), nbytes, digest, 4)[0] == 4
-    # the other slot is unmapped, and the premap gone: a second restore maps for itself
-    assert snapshots.PREMAP not in sys.modules and not module._premap.held
+    # the other slot is unmapped (off the restore's path, in a thread), and the premap gone:
+    # a second restore maps for itself
+    wait_until(lambda: snapshots.PREMAP not in sys.modules and not module._premap.held, 10, "released")
     assert snapshots.read_held(str(slot0), nbytes, digest, 4)[3] == "mapped"
 
 
