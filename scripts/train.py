@@ -18,6 +18,12 @@ Faults can be injected, once, for demos and tests:
 DDP and torch.optim: both import torch._dynamo (800 modules, about 2 CPU-s a rank), which
 a test of the ranks' world (not of DDP) need not pay in every rank of every generation.
 --heartbeat sends a heartbeat every step, for the daemon's heartbeat timeout.
+--memory-snapshot-mb MB (under ft-supervisor) hands the model, the optimizer and MB of ballast
+to the daemon every step (``client.snapshot``) and takes them back at start
+(``client.restore``, newer than the disk snapshot): a ``restored`` milestone says the step,
+the seconds restore() took and how it read the slot (a standby's premapped view or not).
+--no-premap (benchmarks) drops a standby's premapped slots before restore(): the restore
+as it was before standbys mapped their snapshot ahead of their go.
 Progress is printed every --print-every steps; --events FILE appends one JSON
 line per milestone (first step of a generation, crash, done) for benchmarks.
 Under ft-supervisor it also reports iterations and checkpoints through the client
@@ -42,6 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 try:
     from supervisor import client
+    from supervisor.client import snapshots
 except ImportError:  # the script also runs where ft-supervisor is not installed
     client = None  # type: ignore[assignment]
 
@@ -71,6 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--events", type=Path, default=None, help="append milestones as JSON lines")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    p.add_argument("--memory-snapshot-mb", type=float, default=0.0, help="client.snapshot every step")
+    p.add_argument("--no-premap", action="store_true", help="restore without a standby's premap")
     return p.parse_args(argv)
 
 
@@ -127,6 +136,35 @@ class Trainer:
         self.steps_run = 0
         if args.snapshot is not None and args.snapshot.exists():
             self._load_snapshot(args.snapshot)
+        self.ballast: torch.Tensor | None = None
+        if args.memory_snapshot_mb > 0 and SUPERVISED:
+            self.ballast = torch.zeros(int(args.memory_snapshot_mb * 2**20) // 4)
+            self._restore_memory()
+
+    def _restore_memory(self) -> None:
+        if self.args.no_premap:
+            premap = sys.modules.get(snapshots.PREMAP)
+            if premap is not None:
+                premap.release()  # unmapped: restore() maps the slot itself, as before
+        began = time.perf_counter()
+        held = client.restore()
+        seconds = time.perf_counter() - began
+        self._milestone("restored", step=None if held is None else held[0], seconds=seconds,
+                        served=snapshots.restored_from())  # fmt: skip
+        if held is None or held[1]["steps_run"] < self.steps_run:
+            return  # nothing held, or older than the disk snapshot
+        state = held[1]
+        self.model.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optim"])
+        self.ballast, self.steps_run = state["ballast"], state["steps_run"]
+        print(f"resuming from memory at step {self.steps_run} ({seconds * 1000:.0f} ms)", flush=True)
+
+    def _snapshot_memory(self) -> None:
+        assert self.ballast is not None
+        self.ballast[0] = self.steps_run
+        state = {"model": self.model.module.state_dict(), "optim": self.optimizer.state_dict(),
+                 "ballast": self.ballast, "steps_run": self.steps_run}  # fmt: skip
+        client.snapshot(state, self.steps_run)
 
     def _load_snapshot(self, path: Path) -> None:
         snapshot = torch.load(path, map_location=self.device)
@@ -197,6 +235,8 @@ class Trainer:
             self.steps_run = step + 1
             if SUPERVISED:
                 client.report_iteration(self.steps_run)
+                if self.ballast is not None:
+                    self._snapshot_memory()
                 if self.args.heartbeat:
                     client.heartbeat()
             if first:

@@ -29,6 +29,11 @@ from the snapshot and trains ``--steps-after`` more steps. Variants:
   fork server);
 * ``ft-spawn-cold``: both off, ``--no-standby --no-fork-server``: a cold restart like
   torchrun's, which shows how much of the gain the standbys and the server bring.
+* ``ft-mapped`` (with ``--memory-mb``): ``ft`` whose generation 1 drops the standby's
+  premapped slots before ``restore()``, which then maps the slot itself: the restore as it
+  was before standbys mapped their snapshot ahead of their go (``ft`` is the premapped one);
+* ``ft-nomem`` (with ``--memory-mb``): ``ft`` without the memory snapshots (the disk
+  snapshot only): the restart the others add a memory restore to;
 * ``ft-cuda-warm`` (with ``--device cuda``): ``ft`` whose standby ranks also create
   their CUDA context and cuBLAS handle before their go (``--preload`` adds
   ``scripts/_cuda_context.py``): what that saves, and the GPU memory it holds.
@@ -117,7 +122,9 @@ LEFTOVER_GRACE = 3.0  # seconds a launcher's helpers may take to go after it exi
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PR_SET_CHILD_SUBREAPER = 36
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-VARIANT_NAMES = ("torchrun", "torchrun-noshare", "ft", "ft-cold", "ft-spawn", "ft-spawn-cold", "ft-cuda-warm")
+VARIANT_NAMES = ("torchrun", "torchrun-noshare", "ft", "ft-cold", "ft-spawn", "ft-spawn-cold", "ft-cuda-warm",
+                 "ft-mapped", "ft-nomem")  # fmt: skip
+MEMORY_VARIANTS = ("ft-mapped", "ft-nomem")  # only with --memory-mb
 # ft-cuda-warm: what the daemon preloads by default, and the module that makes the CUDA context
 CUDA_WARM_PRELOAD = "torch,torch.distributed,torch.nn.parallel,torch._dynamo,_cuda_context"
 TORCHRUNS = ("torchrun", "torchrun-noshare")
@@ -133,6 +140,8 @@ LABELS = {
     "ft-spawn": "ft-supervisor --no-fork-server",
     "ft-spawn-cold": "ft-supervisor --no-standby --no-fork-server",
     "ft-cuda-warm": "ft-supervisor, standbys make the CUDA context",
+    "ft-mapped": "ft-supervisor, restore() maps after the go",
+    "ft-nomem": "ft-supervisor, no memory snapshots",
 }
 
 
@@ -386,9 +395,12 @@ class Settings:
     device: str = "cpu"
     backend: str = "gloo"
     nproc: int = NPROC
+    memory_mb: float = 0.0  # --memory-mb: client.snapshot every step, restore() at start
 
 
-def train_args(s: Settings, run_dir: Path) -> list[str]:
+def train_args(s: Settings, run_dir: Path, *, memory_mb: float | None = None) -> list[str]:
+    mb = s.memory_mb if memory_mb is None else memory_mb
+    memory = ["--memory-snapshot-mb", str(mb)] if mb > 0 else []
     return [
         str(TRAIN),
         "--steps", str(s.crash_at_step + s.steps_after),
@@ -401,6 +413,7 @@ def train_args(s: Settings, run_dir: Path) -> list[str]:
         "--events", str(run_dir / "events.jsonl"),
         "--device", s.device,
         "--backend", s.backend,
+        *memory,
     ]  # fmt: skip
 
 
@@ -422,7 +435,9 @@ def launcher_argv(variant: str, s: Settings, run_dir: Path) -> list[str]:
         # a CUDA context cannot be forked: these standbys are spawned
         "ft-cuda-warm": ["--no-fork-server", "--preload", CUDA_WARM_PRELOAD],
     }.get(variant, [])
-    return [str(s.bin_dir / "ft-supervisor"), "run", *common, *extra, *train_args(s, run_dir)]
+    script = train_args(s, run_dir, memory_mb=0 if variant == "ft-nomem" else None)
+    script += ["--no-premap"] if variant == "ft-mapped" else []
+    return [str(s.bin_dir / "ft-supervisor"), "run", *common, *extra, *script]
 
 
 @functools.cache
@@ -463,6 +478,8 @@ class RunResult:
     step_s: float | None = None  # generation 0's median step time on the crashing rank
     gpu_peak_mb: float | None = None  # --device cuda: the GPU's memory in use, at its peak
     gpu_at_crash_mb: float | None = None  # ... at the last sample before the crash
+    restore_s: float | None = None  # --memory-mb: generation 1's slowest restore() call
+    served: str | None = None  # ... and how its ranks read their slots (premapped, mapped)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -519,6 +536,10 @@ def analyse(r: RunResult, run_dir: Path, s: Settings) -> None:
     nproc = s.nproc
     step = [e.get("step_s") for e in events if e["event"] == "crash" and e["generation"] == 0]
     r.step_s = step[0] if step else None
+    restored = [e for e in events if e["event"] == "restored" and e["generation"] == 1]
+    if restored:
+        r.restore_s = max(e["seconds"] for e in restored)
+        r.served = ",".join(sorted({str(e.get("served")) for e in restored}))
     if len(first0) == nproc and r.launched_at is not None:
         r.startup_s = max(first0.values()) - r.launched_at
     output = (run_dir / "launcher.out").read_text(errors="replace")
@@ -678,6 +699,19 @@ def standby_gain(results: list[RunResult]) -> str | None:
     )
 
 
+def restores(results: list[RunResult], variants: Iterable[str]) -> list[str]:
+    """--memory-mb: each variant's restore() in generation 1 (the slowest rank's, median)."""
+    out = []
+    for v in variants:
+        rs = [r for r in results if r.variant == v and r.ok and r.restore_s is not None]
+        if rs:
+            served = ",".join(sorted({r.served or "-" for r in rs}))
+            times = [r.restore_s for r in rs if r.restore_s is not None]
+            out.append(f"- {LABELS[v]}: restore() median {fmt(median(times), 3)} s (min-max "
+                       f"{fmt(min(times), 3)}-{fmt(max(times), 3)}), slots read {served}")  # fmt: skip
+    return out
+
+
 def notes(results: list[RunResult]) -> list[str]:
     out = []
     for r in results:
@@ -739,7 +773,8 @@ def report(results: list[RunResult], s: Settings) -> None:
         "Medians over successful runs († none succeeded: over all finished runs).\n"
         f"Artifacts: {s.out}"
     )
-    extra = [line for line in [standby_gain(results)] if line] + notes(results)
+    extra = [line for line in [standby_gain(results)] if line]
+    extra += restores(results, s.variants) + notes(results)
     if extra:
         print()
         print("\n".join(extra))
@@ -754,8 +789,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("--runs", type=int, default=None, help="runs per variant (default 5; 2 with --quick)")
     p.add_argument(
         "--variants",
-        default=",".join(VARIANT_NAMES),
-        help=f"comma-separated subset of {','.join(VARIANT_NAMES)} (default: all)",
+        default=",".join(v for v in VARIANT_NAMES if v not in MEMORY_VARIANTS),
+        help=f"comma-separated subset of {','.join(VARIANT_NAMES)} (default: all but the --memory-mb ones)",
     )
     p.add_argument("--quick", action="store_true", help="2 runs, 10 steps after the restart: a smoke test")
     p.add_argument("--crash-at-step", type=int, default=160, help="late enough for standbys to be warm")
@@ -769,6 +804,12 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo", help="the ranks' process group")
     p.add_argument("--nproc", type=int, default=NPROC, help=f"ranks (default {NPROC})")
     p.add_argument(
+        "--memory-mb",
+        type=float,
+        default=0.0,
+        help="MB of state a rank snapshots in memory every step, restores after (0: none)",
+    )
+    p.add_argument(
         "--bin-dir",
         type=Path,
         default=Path(sys.executable).parent,  # not resolved: the venv's bin, not /usr/bin
@@ -781,6 +822,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         p.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANT_NAMES)}")
     if "ft-cuda-warm" in variants and a.device != "cuda":
         p.error("--variants ft-cuda-warm: only with --device cuda")
+    if a.memory_mb <= 0 and (memory := [v for v in variants if v in MEMORY_VARIANTS]):
+        p.error(f"--variants {','.join(memory)}: only with --memory-mb")
     if a.nproc < 1:
         p.error("--nproc must be at least 1")
     global CRASH_RANK  # noqa: PLW0603 - one setting for the whole run, read where it is reported
@@ -800,7 +843,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     steps_after = a.steps_after if a.steps_after is not None else 10 if a.quick else 40
     return Settings(
         runs, variants, a.crash_at_step, steps_after, a.step_time, a.crash_mode, a.timeout, out.resolve(),
-        a.bin_dir, max(0, a.hogs), a.device, a.backend, a.nproc,
+        a.bin_dir, max(0, a.hogs), a.device, a.backend, a.nproc, a.memory_mb,
     )  # fmt: skip
 
 
@@ -844,6 +887,7 @@ def describe(r: RunResult) -> str:
         f"{LABELS[r.variant]:<27} run {r.index}: {status:<6} restart {fmt(r.restart_s)} s, "
         f"noticed {fmt(r.notice_s)} s, rss {fmt(None if r.peak_rss_kb is None else r.peak_rss_kb / 1024, 1)}"
         f" MiB, cpu {fmt(r.cpu_s)} s, wall {r.wall_s:.1f} s"
+        + (f", restore {fmt(r.restore_s, 3)} s ({r.served})" if r.restore_s is not None else "")
     )
 
 

@@ -107,10 +107,15 @@ def table(r: dict[str, Any], step_ms: float) -> str:
     if r.get("checksum_median") is not None:
         checksum = r["checksum_median"] * 1000
         rows.append(f"\nBackground checksum (xxh3_64) of the last state, median: {checksum:.1f} ms")
-    if r.get("restore"):
-        rows.append(
-            f"restore() of {r['restore']['bytes'] / 2**20:.0f} MB: {r['restore']['seconds'] * 1000:.1f} ms"
-        )
+    restore = r.get("restore")
+    if restore:
+        ms = restore["seconds"] * 1000
+        cpu = f" ({restore['cpu_seconds'] * 1000:.1f} CPU-ms)" if "cpu_seconds" in restore else ""
+        rows.append(f"restore() of {restore['bytes'] / 2**20:.0f} MB: {ms:.1f} ms{cpu}")
+        if restore.get("premapped_seconds") is not None:
+            ms, cpu_ms = restore["premapped_seconds"] * 1000, restore["premapped_cpu_seconds"] * 1000
+            rows.append(f"... from a warm standby's premapped slot: {ms:.1f} ms ({cpu_ms:.1f} CPU-ms); "
+                        "medians of 9, interleaved with the one above")  # fmt: skip
     return "\n".join(rows)
 
 

@@ -232,14 +232,26 @@ def _regular_size(fd: int, path: str) -> int:
 
 
 def read_slot(
-    path: str, nbytes: int, expected: str, step: int | None = None
+    path: str, nbytes: int, expected: str, step: int | None = None, *, mapped: mmap.mmap | None = None
 ) -> tuple[int, dict[str, Any], mmap.mmap]:
     """The step and state held in the slot file at ``path``, checked against the recorded
     size and checksum (and step, when given); SlotError says what does not match. Tensors
     are views of a copy-on-write mapping (also returned): modifying them leaves the file
-    as it was."""
+    as it was. ``mapped``: such a mapping of the file, made beforehand (a standby's,
+    ``supervisor/process/bootstrap_premap.py``), checked the same way and used instead
+    of mapping the file again."""
     if nbytes < HEADER_SIZE:
         raise SlotError(f"a slot of {nbytes} bytes cannot hold a snapshot")
+    mapping = _map_copy(path, nbytes) if mapped is None else mapped
+    try:
+        held_step, state = _parse(mapping, path, nbytes, expected, step)
+    except BaseException:
+        _drop(mapping)
+        raise
+    return held_step, state, mapping
+
+
+def _map_copy(path: str, nbytes: int) -> mmap.mmap:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
@@ -248,15 +260,9 @@ def read_slot(
         size = _regular_size(fd, path)
         if size < nbytes:
             raise SlotError(f"{path} holds {size} bytes, fewer than the {nbytes} recorded")
-        mapping = mmap.mmap(fd, nbytes, access=mmap.ACCESS_COPY)
+        return mmap.mmap(fd, nbytes, access=mmap.ACCESS_COPY)
     finally:
         os.close(fd)
-    try:
-        held_step, state = _parse(mapping, path, nbytes, expected, step)
-    except BaseException:
-        _drop(mapping)
-        raise
-    return held_step, state, mapping
 
 
 def _parse(mapping: mmap.mmap, path: str, nbytes: int, expected: str, step: int | None) -> tuple[int, Any]:

@@ -33,6 +33,9 @@ ENV_RANKS_ENDPOINT = ENV_PREFIX + "RANKS_ENDPOINT"
 ENV_TIMEOUTS = ENV_PREFIX + "TIMEOUTS"
 # torchrun's --numa-binding mode: the rank's bootstrap binds it with torch's own code
 ENV_NUMA_BINDING = ENV_PREFIX + "NUMA_BINDING"
+# a standby's: the daemon's snapshot directory, whose slot files of its rank it maps while
+# it waits for its go (supervisor/process/bootstrap_premap.py)
+ENV_PREMAP = ENV_PREFIX + "PREMAP"
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,14 +28,12 @@ The daemon starts each rank as::
    Every thread goes back to SCHED_OTHER before the program runs (the daemon
    does that too, right after writing a standby's go: a standby would otherwise
    wake at idle priority to read it, which a busy node may not allow for seconds).
+   A standby given ``FT_SUPERVISOR_PREMAP`` maps its snapshot slots meanwhile (bootstrap_premap.py).
 4. Serve NVRx's client from ours: ``import nvidia_resiliency_ext.fault_tolerance``
-   (and its ``rank_monitor_client``) in the program resolves to
-   ``supervisor.client._nvrx_package`` (NVRx's names over the ft-supervisor
-   client, whose messages are JSON: nothing a rank sends is unpickled). NVRx's
-   own client needs ft_launcher's rank monitor socket, which no daemon offers.
-   Everything else of NVRx stays its own. Where ft-supervisor's client cannot be
-   imported (another ``PYTHON_EXEC`` interpreter) NVRx's own loads, and fails as
-   it would (rule P0-NVRX says why).
+   (and its ``rank_monitor_client``) resolves to ``supervisor.client._nvrx_package``
+   (NVRx's names over our client, whose messages are JSON: nothing is unpickled; NVRx's
+   own needs ft_launcher's rank monitor socket). The rest of NVRx stays its own. Without
+   our client (another ``PYTHON_EXEC``) NVRx's own loads, and fails as it would (P0-NVRX).
 5. Run TARGET the way ``python -u script.py`` / ``python -u -m module`` would
    (KIND ``script`` / ``module``), or exec it (KIND ``exec``, ``--no-python``: a new
    program, which 4 does not reach).
@@ -54,12 +52,14 @@ import os
 import select
 import signal
 import sys
+import types
 from collections.abc import Iterable
 
 _PR_SET_PDEATHSIG = 1
 _CAP_SYS_NICE = 23  # capabilities(7)
 _NOFILE_ENV = "FT_SUPERVISOR_NOFILE"  # the open-files limit the daemon was given (see daemon.py)
 _NUMA_ENV = "FT_SUPERVISOR_NUMA_BINDING"  # torchrun's --numa-binding mode (core.topology)
+_PREMAP = "FT_SUPERVISOR_PREMAP"  # a standby's snapshot directory (bootstrap_premap.py)
 # Frames that belong to the launch machinery, not to the user's program.
 _LAUNCH_FILES = frozenset({os.path.abspath(__file__), "<frozen runpy>"})
 
@@ -142,9 +142,8 @@ def _go_arrived(fd: int) -> bool:
 def _preload(modules: str, fd: int) -> None:
     import importlib  # noqa: PLC0415
 
-    # The preload must be invisible: importing torch._dynamo, for one, writes
-    # TORCHINDUCTOR_CACHE_DIR into os.environ. The program starts with the
-    # environment it was given; torch re-derives such values when it needs them.
+    # The preload must be invisible: importing torch._dynamo, for one, writes TORCHINDUCTOR_CACHE_DIR
+    # into os.environ. The program starts with the environment it was given; torch re-derives it.
     environ = dict(os.environ)
     for name in filter(None, modules.split(",")):
         if _go_arrived(fd):
@@ -214,11 +213,13 @@ def _serve_nvrx() -> None:
     sys.meta_path.insert(0, _NvrxFinder)  # type: ignore[arg-type]
 
 
-def _await_go(fd: int) -> dict[str, str] | None:
+def _await_go(fd: int, premap: types.ModuleType | None = None) -> dict[str, str] | None:
     try:
         os.write(fd, b"ready\n")
     except OSError:
         pass  # only informative; the go may still be waiting to be read
+    if premap is not None:
+        premap.wait(fd)  # its rank's slots mapped, kept current, until the go (or EOF) is here
     buf = b""
     while not buf.endswith(b"\n"):
         try:
@@ -238,7 +239,6 @@ def _run_script(path: str, args: list[str]) -> None:
     import builtins  # noqa: PLC0415
     import importlib.machinery  # noqa: PLC0415
     import io  # noqa: PLC0415
-    import types  # noqa: PLC0415
 
     sys.argv = [path, *args]
     if _is_main_archive(path):
@@ -265,7 +265,6 @@ def _is_main_archive(path: str) -> bool:
 
 def _run_module(name: str, alter_argv: bool = True) -> None:
     import runpy  # noqa: PLC0415
-    import types  # noqa: PLC0415
 
     # runpy runs the module in __main__'s namespace, which is ours until now.
     sys.modules["__main__"] = types.ModuleType("__main__")
@@ -331,16 +330,21 @@ def _restore_descriptors() -> None:
         pass
 
 
-def _serve_forks(fd: int, parent_pid: int) -> int:
-    """The fork server (``bootstrap_forkserver.py``, loaded by its path, in that mode only).
-    Returns only in a forked rank, with its boot channel; the server exits at EOF."""
+def _sibling(filename: str) -> types.ModuleType:
+    """A module beside this file, by its path (this file has no package): _ft_supervisor_<name>."""
     import importlib.util  # noqa: PLC0415
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap_forkserver.py")
-    spec = importlib.util.spec_from_file_location("_ft_supervisor_bootstrap_forkserver", path)
+    name = "_ft_supervisor_" + filename.removesuffix(".py")
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), filename))
     assert spec is not None and spec.loader is not None
-    server = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(server)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _serve_forks(fd: int, parent_pid: int) -> int:
+    """The fork server (``bootstrap_forkserver.py``): returns only in a forked rank, its boot fd."""
+    server = _sibling("bootstrap_forkserver.py")
     steps = {"join": _join, "die_with_parent": _die_with_parent, "restore_descriptors": _restore_descriptors}
     return int(server.serve_forks(fd, parent_pid, **steps))
 
@@ -364,7 +368,8 @@ def main(argv: list[str]) -> None:
     if "fork-server" in flags.split(","):
         boot_fd = str(_serve_forks(int(boot_fd), int(parent_pid)))
     _bind_numa()
-    env = _await_go(int(boot_fd))
+    premap = _sibling("bootstrap_premap.py") if _PREMAP in os.environ and kind != "exec" else None
+    env = _await_go(int(boot_fd), premap)
     if env is None:
         sys.exit(0)
     if idle:
@@ -383,14 +388,9 @@ def main(argv: list[str]) -> None:
 
 
 def _fast_exit() -> None:
-    """Spare the interpreter's last garbage-collection passes over torch.
-
-    With torch loaded, CPython spends 0.4-0.7 s at exit traversing millions of
-    long-lived objects for cycles; a failed rank's exit is on the critical path
-    of every restart. Frozen objects are still torn down by reference counting
-    (files flush, atexit handlers run); only cyclic garbage left at exit keeps
-    its finalizers uncalled, which CPython never promised to call anyway.
-    """
+    """Spare the last GC passes over torch's objects (0.4-0.7 s of a failed rank's exit, on every
+    restart's critical path): reference counting still tears frozen objects down (files flush,
+    atexit handlers run); only cyclic garbage left at exit keeps its finalizers uncalled."""
     import gc  # noqa: PLC0415
 
     gc.freeze()

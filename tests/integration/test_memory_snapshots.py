@@ -1,20 +1,23 @@
 """``client.snapshot`` / ``client.restore`` through a real daemon: two lock-stepped ranks
 snapshot every step; rank 1 dies right after a snapshot, or in the middle of copying one
 into its slot; the restarted ranks restore the newest step both hold complete, bit for bit,
-and go on from the next. The daemon's side
+and go on from the next; warm standbys restore from the slots they mapped before their go
+(the premap itself: tests/unit/test_standby_premap.py). The daemon's side
 on virtual time (begin/done bookkeeping, the budget, malformed requests) is in
 tests/fast/test_held_snapshots.py; the slot format in tests/unit/test_snapshot_slots.py."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import RANKS, Daemon
+from tests.support import RANKS, Daemon, rank_pids, wait_until
 
 SNAPSHOTTING = str(RANKS / "snapshotting.py")
 Start = Callable[..., Daemon]
@@ -105,3 +108,42 @@ def test_a_rank_killed_mid_copy_restores_the_other_slot(start: Start, tmp_path: 
     assert rank0 == rank1 == {"step": kill_at - 1, "same": True, "kept": True}, (rank0, rank1)
     [killed] = [e for e in d.events("rank_exited") if e["generation"] == 0 and e["rank"] == 1]
     assert killed["signal"] == "SIGKILL", killed
+
+
+def _maps(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return ""
+
+
+def _kept(out: Path, gen: int) -> list[dict[str, Any]] | None:
+    """Both ranks' files once final: written again, with ``kept``, two snapshots after the restore."""
+    try:
+        records = _restored(out, gen)
+    except (OSError, ValueError):  # not there yet, or being written
+        return None
+    return records if all("kept" in r for r in records) else None
+
+
+def test_standbys_restore_from_the_slots_they_mapped_before_their_go(start: Start, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    d = start("--nproc-per-node", "2", "--preload", "none", "--max-restarts", "1", SNAPSHOTTING,
+              "--steps", "100000", "--step-time", "0.02", "--out", str(out), "--served")  # fmt: skip
+    spawned = d.wait_event("rank_spawned", where=lambda e: e["generation"] == 1, count=2, timeout=60)
+    # each standby maps its own rank's two slot files while it waits, and no other rank's
+    for e in spawned:
+        rank, pid = e["rank"], e["pid"]
+        mine = [f"/rank{rank}.0", f"/rank{rank}.1"]
+        wait_until(lambda pid=pid, mine=mine: all(m in _maps(pid) for m in mine), 60, f"standby {rank} maps")
+        assert f"/rank{1 - rank}." not in _maps(pid)
+    # still waiting for their go: what mapped the slots is the standbys, not running ranks
+    assert not d.events("generation_started")[1:], d.story()
+    os.kill(rank_pids(d, 0)[1], signal.SIGKILL)
+    after = wait_until(lambda: _kept(out, 1), 60, "generation 1 restored")
+    d.signal(signal.SIGTERM)
+    assert d.wait(60) == 128 + signal.SIGTERM, d.story()
+    steps = {r["step"] for r in after}
+    assert len(steps) == 1 and None not in steps, after  # both ranks restore one step
+    assert all(r["same"] is True and r["kept"] is True and r["served"] == "premapped" for r in after), after

@@ -128,7 +128,7 @@ class Supervisor:
             monitor=self.monitor, ranks_endpoint=self.endpoints.ranks, start_task=self._start_task,
             signaller=self._signaller, force=self._force, adopts=self.hosting.subreaper or self.hosting.pid1,
             spawn=processes.spawn,
-            cpu_room=processes.cpu_room,
+            cpu_room=processes.cpu_room, snapshots=self.snapshots.directory,
         )  # fmt: skip
         ender = Ender(cfg, monitor=self.monitor, events=events, clock=clock, follower=self._follower,
                       signaller=self._signaller, force=self._force, token=self.token,

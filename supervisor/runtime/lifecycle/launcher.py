@@ -25,6 +25,7 @@ from supervisor.core.catalogue.ranks import RankSpawned
 from supervisor.core.standby_start import AFTER_STEPS, CpuRoom, standby_start
 from supervisor.core.states import RankState
 from supervisor.core.topology import (
+    ENV_PREMAP,
     ENV_RANKS_ENDPOINT,
     ENV_TIMEOUTS,
     RankSlot,
@@ -76,6 +77,7 @@ class Launcher:
         adopts: bool = False,
         spawn: Spawn = spawn_rank,
         cpu_room: Callable[[], CpuRoom] = cpu_room,
+        snapshots: Path | None = None,
     ) -> None:
         self.cfg = cfg
         self._rundir = rundir
@@ -89,6 +91,7 @@ class Launcher:
         self._signaller = signaller
         self._spawn = spawn
         self._cpu_room = cpu_room
+        self._snapshots = snapshots  # the daemon's snapshot directory, which standbys map from
         self._launched_with = CpuRoom(1, 1, 0.0)  # what the CPUs did as the last generation launched
         self._force = force
         self.topology = cfg.topology  # this node's place in the job, as of the last job generation
@@ -192,6 +195,9 @@ class Launcher:
         slot = gen.topology.slots()[local_rank]
         files = self._rundir.rank_files(gen.number, local_rank)
         env = self._env(gen, slot)
+        env.pop(ENV_PREMAP, None)  # a standby's only, never inherited
+        if standby and self._snapshots is not None and self.cfg.program.kind != "exec":
+            env[ENV_PREMAP] = str(self._snapshots)  # its rank's slots, mapped before its go
         placement = self._placement(gen.number)
         rank = await self._forks.fork(gen.topology, slot, env, files, env_for=lambda s: self._env(gen, s),
                                       run_token=self._ident.run_token, standby=standby,

@@ -1,0 +1,129 @@
+"""A warm standby maps its rank's snapshot slots before its go (issue 25, item 2): the
+bootstrap's premap (supervisor/process/bootstrap_premap.py, loaded as the bootstrap loads
+it) maps this rank's two slot files while it waits, and the client's restore reads the slot
+the daemon names from that mapping (``snapshots.read_held``), checked against what the
+daemon recorded as any mapping is: a snapshot sealed into the slot after the premap is the
+one read, a record the slot no longer holds is refused. Through a real daemon and real
+standbys: tests/integration/test_memory_snapshots.py."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+from supervisor.client import snapshot_slots as slotfile
+from supervisor.client import snapshots
+from supervisor.client.snapshot_slots import SlotError
+from supervisor.core.topology import ENV_PREMAP
+from supervisor.process import bootstrap
+from tests.support import wait_until
+
+RANK = 3
+
+
+def state(step: int, n: int = 50_000) -> dict[str, Any]:
+    return {"w": np.arange(n, dtype=np.float64) * (step + 1), "step": step, "loader": [step, "x"]}
+
+
+def write(path: Path, step: int, n: int = 50_000) -> tuple[int, str]:
+    """What the rank does (the daemon sized the file): copy, seal, checksum."""
+    p = slotfile.plan(state(step, n))
+    with path.open("ab") as f:  # grown, never shrunk, as the daemon does
+        f.truncate(max(p.total, f.tell()))
+    writer = slotfile.Writer(slotfile.map_for_writing(str(path), p.total))
+    try:
+        writer.write(p, step)
+        return p.total, slotfile.checksum(writer.mapping, p.total)
+    finally:
+        writer.close()
+
+
+@pytest.fixture
+def premap(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
+    """``start()``: what a standby's bootstrap does once it said ready, its go already
+    waiting on the boot channel; the premap module, as the client finds it."""
+    monkeypatch.setenv(ENV_PREMAP, str(tmp_path))
+    monkeypatch.setenv("RANK", str(RANK))
+    ours, theirs = socket.socketpair()
+    loaded: list[ModuleType] = []
+
+    def start() -> ModuleType:
+        module = bootstrap._sibling("bootstrap_premap.py")  # the bootstrap's own loading
+        ours.sendall(b'{"env": {}}\n')
+        module.wait(theirs.fileno())  # maps, then returns: the go is there
+        loaded.append(module)
+        return module
+
+    yield start
+    for module in loaded:
+        module.release()
+    ours.close()
+    theirs.close()
+    assert snapshots.PREMAP not in sys.modules
+
+
+def held_mapping(module: ModuleType, path: Path) -> Any:
+    return module._premap.held[str(path)][0]
+
+
+def test_the_restore_after_the_go_reads_the_slot_the_standby_mapped(premap: Any, tmp_path: Path) -> None:
+    slot0, slot1 = tmp_path / f"rank{RANK}.0", tmp_path / f"rank{RANK}.1"
+    nbytes, digest = write(slot0, 4)
+    write(slot1, 5)
+    write(tmp_path / f"rank{RANK + 1}.0", 5)  # another rank's: never mapped
+    module = premap()
+    assert ENV_PREMAP not in os.environ  # the program's environment is the one it was given
+    assert set(module._premap.held) == {str(slot0), str(slot1)}
+    mapped = held_mapping(module, slot0)
+    step, back, mapping, served = snapshots.read_held(str(slot0), nbytes, digest, 4)
+    assert (step, served) == (4, "premapped") and mapping is mapped  # not mapped again
+    assert np.array_equal(back["w"], state(4)["w"]) and back["loader"] == [4, "x"]
+    back["w"][0] = -1.0  # the rank's to modify: copy-on-write, the slot keeps step 4
+    assert slotfile.read_slot(str(slot0), nbytes, digest, 4)[0] == 4
+    # the other slot is unmapped (off the restore's path, in a thread), and the premap gone:
+    # a second restore maps for itself
+    wait_until(lambda: snapshots.PREMAP not in sys.modules and not module._premap.held, 10, "released")
+    assert snapshots.read_held(str(slot0), nbytes, digest, 4)[3] == "mapped"
+
+
+def test_a_snapshot_sealed_after_the_premap_is_the_one_restored(premap: Any, tmp_path: Path) -> None:
+    slot0, slot1 = tmp_path / f"rank{RANK}.0", tmp_path / f"rank{RANK}.1"
+    write(slot0, 4)
+    write(slot1, 5)
+    module = premap()
+    mapped = held_mapping(module, slot0)
+    # the dying rank's next snapshot, sealed into slot 0 after the standby mapped it
+    nbytes, digest = write(slot0, 6)
+    step, back, mapping, served = snapshots.read_held(str(slot0), nbytes, digest, 6)
+    assert (step, served) == (6, "premapped") and mapping is mapped
+    assert np.array_equal(back["w"], state(6)["w"]) and back["step"] == 6
+
+
+def test_a_record_the_premapped_slot_no_longer_holds_is_refused(premap: Any, tmp_path: Path) -> None:
+    slot0 = tmp_path / f"rank{RANK}.0"
+    nbytes, digest = write(slot0, 4)
+    premap()
+    write(slot0, 6)  # overwritten since the daemon recorded step 4
+    with pytest.raises(SlotError, match="checksum"):  # never step 4's record over step 6's bytes
+        snapshots.read_held(str(slot0), nbytes, digest, 4)
+
+
+def test_a_slot_file_that_grew_after_the_last_look_is_mapped_again(premap: Any, tmp_path: Path) -> None:
+    slot0 = tmp_path / f"rank{RANK}.0"
+    write(slot0, 4)
+    module = premap()
+    first = len(held_mapping(module, slot0))
+    nbytes, digest = write(slot0, 7, n=200_000)  # a bigger state: the file grew
+    assert nbytes > first
+    module._premap.refresh()  # its next look (every REFRESH_S while it waits, and at the go)
+    assert len(held_mapping(module, slot0)) == nbytes
+    step, back, _, served = snapshots.read_held(str(slot0), nbytes, digest, 7)
+    assert (step, served) == (7, "premapped") and np.array_equal(back["w"], state(7, n=200_000)["w"])
