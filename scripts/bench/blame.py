@@ -40,7 +40,8 @@ Per trial, from every node's ``events.jsonl`` and ``reason.json``:
   (a crash rather than a hang), the blame the crash path gave; a healthy node deciding
   ``rank_failed`` (one of its ranks failed) instead of following the culprit's node;
 * the seconds from the first node's declaration to each node's verdict (the event's
-  ``seconds``); the size of the largest node summary in ``job-blame.json`` (bound 64 KiB).
+  ``seconds``), and of those the node's own gathering (``gathered``: stacks and dumps);
+  the size of the largest node summary in ``job-blame.json`` (bound 64 KiB).
 
 Faults run interleaved (one trial of each, then again) so that a busy moment of the
 machine hurts them alike. Each trial has a deadline (``--timeout``); past it every daemon's
@@ -99,6 +100,7 @@ class Trial:
     exits: list[int | None] = field(default_factory=list)
     named: dict[int, Any] = field(default_factory=dict)  # node rank -> [ranks, nodes, rule] or None
     seconds: dict[int, float | None] = field(default_factory=dict)
+    gathered: dict[int, float | None] = field(default_factory=dict)  # of those, the node's own gather
     # node rank -> generation 0's [action, reason, rank]
     decided: dict[int, Any] = field(default_factory=dict)
     charged: list[int] = field(default_factory=list)  # healthy nodes charged
@@ -198,6 +200,7 @@ def analyse(t: Trial, trial_dir: Path) -> None:
         blame = [e for e in events if e["event"] == "job_blame"]
         t.named[node] = [blame[0]["ranks"], blame[0]["nodes"], blame[0]["rule"]] if blame else None
         t.seconds[node] = blame[0].get("seconds") if blame else None
+        t.gathered[node] = blame[0].get("gathered") if blame else None
         gen0 = [e for e in events if e.get("generation") == 0]
         decision = [e for e in gen0 if e["event"] == "decision"]
         t.decided[node] = (
@@ -222,8 +225,8 @@ def analyse(t: Trial, trial_dir: Path) -> None:
 def from_json(raw: dict[str, Any]) -> Trial:
     """A trial from results.json (JSON turned the node ranks into strings)."""
     t = Trial(**raw)
-    t.named, t.seconds, t.decided = (
-        {int(k): v for k, v in d.items()} for d in (t.named, t.seconds, t.decided)
+    t.named, t.seconds, t.decided, t.gathered = (
+        {int(k): v for k, v in d.items()} for d in (t.named, t.seconds, t.decided, t.gathered)
     )
     return t
 
@@ -244,15 +247,17 @@ def table(trials: list[Trial]) -> str:
     head = (
         "| nodes | fault | trials | named right on every node | agreed | healthy node charged "
         "| healthy node decided rank_failed "
-        "| desync aborted first time | decided after 1st declaration median / max s | summary max bytes |"
+        "| desync aborted first time | decided after 1st declaration median / max s "
+        "| of which gathering median / max s | summary max bytes |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 11]
     for n in sorted({t.nodes for t in trials}):
         for f in FAULTS:
             ts = [t for t in trials if t.nodes == n and t.fault == f]
             if not ts:
                 continue
             secs = [x for t in ts for x in t.seconds.values() if x is not None]
+            gath = [x for t in ts for x in t.gathered.values() if x is not None]
             desync = pct(sum(bool(t.aborted_first) for t in ts), len(ts)) if f in DESYNC else "-"
             sizes = [t.summary_max_bytes for t in ts if t.summary_max_bytes is not None]
             lines.append(
@@ -260,6 +265,7 @@ def table(trials: list[Trial]) -> str:
                 f"| {pct(sum(t.agreed for t in ts), len(ts))} | {sum(len(t.charged) for t in ts)} "
                 f"| {sum(self_failed(t) for t in ts)} | {desync} "
                 f"| {fmt(median(secs))} / {fmt(max(secs) if secs else None)} "
+                f"| {fmt(median(gath))} / {fmt(max(gath) if gath else None)} "
                 f"| {max(sizes) if sizes else 'n/a'} |"
             )
     return "\n".join(lines)

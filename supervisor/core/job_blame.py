@@ -29,11 +29,14 @@ The rules, the first that names someone decides:
    another group's collectives is not the cause, the chain is followed to the ranks
    behind that wait for nobody (NVRx's attribution and torch's fr_trace read dumps alike).
 3. ``absent``: every rank that answered waits in the default group's collective,
-   and some ranks of the job gave no dump (stopped, exited, no recorder, on a node
-   that did not answer): they are the ones waited for.
+   and some ranks of the job gave no dump (stopped, exited before the incident, no
+   recorder, on a node that did not answer): they are the ones waited for. A rank
+   that exited after the incident began is never one of them: it exited because of it.
 4. ``own_code``: no recorder verdict; by their stacks, the ranks at the most suspect
-   place (gone, then stopped, then their own code) while others wait in a collective
-   (or inside backward, where DDP waits for its all-reduce).
+   place (gone before the incident, then stopped, then their own code) while others
+   wait in a collective (or inside backward, where DDP waits for its all-reduce). A
+   rank that exited after the incident began (``ended``) ranks below every waiting
+   one: a SIGSTOPped rank is named, not the peers that gave up on it.
 5. ``node_silent``: a node did not answer and no rule above named anyone: its ranks.
 6. ``progress``: the ranks whose last reported iteration is behind the rest.
 7. ``undetermined``: nothing told the ranks apart; ``ranks`` is empty.
@@ -75,6 +78,7 @@ SIZED = frozenset(
     }
 )
 WAITS = ("compute", "collective")  # where a rank waits for its peers, per its stacks
+INNOCENT = (*WAITS, "ended")  # and where a rank is not the one waited for
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,9 +248,9 @@ def _absent(ranks: Mapping[int, RankState], expected: Sequence[int]) -> Found:
         for g in s.groups or ()
         if g.name == DEFAULT_GROUP and g.waiting and g.enqueued is not None
     ]
-    missing = [r for r in expected if r not in dumped]
+    missing = [r for r in expected if r not in dumped and (r not in ranks or ranks[r].where != "ended")]
     # of those, the ones whose stacks do not show them waiting too (a node without dumps)
-    missing = [r for r in missing if r not in ranks or ranks[r].where not in WAITS] or missing
+    missing = [r for r in missing if r not in ranks or ranks[r].where not in INNOCENT] or missing
     if not tops or not missing:
         return None
     why = "; ".join(f"rank {r}: {_place(ranks[r]) if r in ranks else 'no summary'}" for r in missing)
@@ -265,9 +269,10 @@ def _own_code(ranks: Mapping[int, RankState], expected: Sequence[int]) -> Found:
         return None
     low = min(seen.values(), key=PLACES.index)
     stuck = sorted(r for r, w in seen.items() if w == low)
-    if low in WAITS or not any(w in WAITS for w in seen.values()):
+    # a rank that exited after the incident began gave up waiting (or was ended) because of it
+    if low in INNOCENT or not any(w in INNOCENT for w in seen.values()):
         return None  # nobody stands apart, or nobody waits for anyone
-    others = sorted(r for r, w in seen.items() if w in WAITS)
+    others = sorted(r for r, w in seen.items() if w in INNOCENT)
     where = "; ".join(f"rank {r}: {_place(ranks[r])}" for r in stuck)
     return stuck, f"{where}; rank(s) {_list(others)} wait for their peers"
 

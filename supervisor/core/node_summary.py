@@ -16,8 +16,11 @@ The API, for the runtime that gathers and exchanges it::
 
 Per rank and process group a summary keeps the last collective enqueued, started and
 completed (sequence number, op, input sizes, the user's call site), and where the
-rank stands: ``own`` code, ``compute`` (backward), waiting in a ``collective``,
-``stopped``, ``gone`` (exited), ``unknown`` (no stacks). Sequence numbers are those
+rank stands: ``own`` code, ``compute`` (backward), waiting in a ``collective`` (by its
+stacks, or by its own word: it said it timed out waiting in one), ``stopped``, ``gone``
+(exited before the incident began), ``ended`` (exited after it began: because of it, a
+peer's node stopping its ranks, or its work resumed and done), ``unknown`` (no stacks).
+Stacks read while the rank lived say more than its exit since. Sequence numbers are those
 of the dump's ``pg_status``; op and sizes come from its ring of entries when the
 entry is still there.
 
@@ -51,7 +54,9 @@ SIZES = 8  # tensors kept of a collective's input sizes, and dimensions of each
 GROUPS = 32  # process groups kept per rank (the ones with the highest names go)
 
 WHERE = {Where.STOPPED: "stopped", Where.OWN: "own", Where.COMPUTE: "compute", Where.COLLECTIVE: "collective"}
-PLACES = ("gone", "stopped", "own", "compute", "collective", "unknown")  # the most suspect first
+# the most suspect first: a rank that exited after the incident began did so because of it
+# (older nodes read "ended" as "unknown": the least suspect either way)
+PLACES = ("gone", "stopped", "own", "compute", "collective", "ended", "unknown")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +118,8 @@ class RankEvidence:
     reading: Reading | None = None  # its stacks, read (``core.stacks.read``)
     iteration: int | None = None
     gone: bool = False  # the process has exited
+    after: bool = False  # ...after the incident began (its exit is the incident's doing)
+    waited: str | None = None  # its line saying it timed out waiting in a collective
 
 
 def summarize_node(
@@ -125,10 +132,13 @@ def summarize_node(
 
 def _rank(e: RankEvidence) -> RankState:
     groups = groups_of(e.dump) if e.dump is not None else None
-    if e.gone:
-        where, why = "gone", "the process has exited"
-    elif e.reading is not None:
+    if e.waited is not None:
+        where, why = "collective", f"timed out waiting: {e.waited.strip()}"
+    elif e.reading is not None:  # read while it lived: where it stood, whatever came after
         where, why = WHERE[e.reading.where], e.reading.why
+    elif e.gone:
+        where = "ended" if e.after else "gone"
+        why = "exited after the incident began" if e.after else "the process has exited"
     else:
         where, why = "unknown", "no stacks"
     return RankState(e.rank, where, _text(why), e.iteration, groups, _text(e.dump_error))

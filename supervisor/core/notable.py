@@ -37,6 +37,14 @@ WATCHDOG_FAILED = (
 )
 GOING_DOWN = TAKEN_DOWN + WATCHDOG_FAILED
 
+# What a rank says when it waited for its peers past a collective's timeout: NCCL's
+# watchdog (rule N1) and gloo's own wait ("Timed out waiting 3000ms for recv operation
+# to complete", rule D7). Such a rank witnesses a peer's trouble: its node declares the
+# job's incident as a missed deadline does (supervisor.runtime.lifecycle.incident), and
+# the job's blame, not this line, says who is to blame. Lower case.
+WAITED = ("watchdog caught collective operation timeout",)
+GLOO_WAITED, GLOO_OPS = "timed out waiting", ("ms for recv operation", "ms for send operation")
+
 
 def nccl_tears_down(environ: Mapping[str, str]) -> bool:
     """Does a watchdog failure take the rank's process down, by the environment the
@@ -77,3 +85,11 @@ def says_going_down(line: str, tears_down: bool = True) -> bool:
     whether a watchdog failure does (``nccl_tears_down``)."""
     low = line.lower()
     return any(k in low for k in (GOING_DOWN if tears_down else TAKEN_DOWN))
+
+
+def says_timed_out_waiting(line: str) -> bool:
+    """Does the line say the rank waited in a collective past its timeout (a witness)?"""
+    low = line.lower()
+    if any(k in low for k in WAITED):
+        return True
+    return GLOO_WAITED in low and any(k in low for k in GLOO_OPS)

@@ -40,6 +40,7 @@ from typing import Any
 from supervisor.core.classify import Classification
 from supervisor.core.errorfile import order_failures
 from supervisor.core.evidence import Evidence, Part, WorkloadRequest, part_of
+from supervisor.core.job_verdict import desync_decision
 from supervisor.core.jobwide import FREE_REASONS, NodeOutcome, spends_budget
 from supervisor.core.policy import Budget, History, Past, Policy, decide
 from supervisor.core.types import Action, Decision, ExitStatus, RankExit, RankFailure, Reason
@@ -295,6 +296,8 @@ class _Judge:
                 self.history = self.history.add(Past.of(evidence, c, now))
             else:
                 decision = decide(evidence, NOTHING, self.history, budget, now, policy=policy)
+            # the job's blame found a desync: its abort stands for this node's judgement, as the daemon's
+            decision = (desync_decision(g.job_blame) if g.job_blame else None) or decision
             self.evidence, self.classification, self.decision = evidence, c, decision
             return Judged(number, event, True, evidence, c, decision)
         decision = _taken(event)

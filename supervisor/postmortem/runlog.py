@@ -26,7 +26,7 @@ from supervisor.core.catalogue.generation import (
     KernelLines,
     PluginsLoaded,
 )
-from supervisor.core.catalogue.job import JobDecision
+from supervisor.core.catalogue.job import JobBlame, JobDecision
 from supervisor.core.catalogue.ranks import (
     DeadlineMissed,
     ExceptionReported,
@@ -67,6 +67,7 @@ class GenerationLog:
     ended: Event | None = None
     decisions: list[Event] = field(default_factory=list)
     job_decision: Event | None = None
+    job_blame: Event | None = None  # a job-wide hang's verdict (a desync's stands for the decision)
     multi: bool = False  # a rendezvous round: several nodes
     node_rank: int | None = None  # this node's in the job's round (None: one node)
     dmesg: tuple[str, ...] = ()  # the kernel's lines the daemon judged with
@@ -183,6 +184,8 @@ def _generation_event(run: RunLog, g: GenerationLog, name: str, e: Event) -> Non
         run.decisions.append(e)
     elif name == JobDecision.NAME:
         g.job_decision = e
+    elif name == JobBlame.NAME:
+        g.job_blame = g.job_blame or e
     elif name in (ExceptionReported.NAME, RankFailureReported.NAME) and _int(e.get("rank")) is not None:
         g.reported.setdefault(int(e["rank"]), float(e.get("t_wall") or 0.0))
     elif name == KernelLines.NAME and isinstance(e.get("lines"), list):

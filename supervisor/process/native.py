@@ -49,7 +49,8 @@ RENAMED_IN = (2, 9)
 # what the daemon may add to torchrun's environment
 FLIGHT_RECORDER = frozenset({PIPE_ENV, DUMP_ENV, BUFFER_ENV, NEW_DUMP_ENV, NEW_BUFFER_ENV})
 BUFFER_ENTRIES = "2000"  # torch's own default where it records at all
-SETTLED = 0.2  # a dump is complete once its size has not changed for this long
+SETTLED = 0.2  # an NCCL dump is complete once its size has not changed for this long
+POLL = 0.02  # seconds between looks for the dump (each a stat)
 FLIGHT_MAX = 64 * 1024 * 1024  # bytes of a Flight Recorder dump read (2000 entries: about 2 MB)
 
 
@@ -67,14 +68,16 @@ def py_spy() -> str | None:
     return shutil.which("py-spy")
 
 
-async def native_stacks(pid: int, timeout: float, exe: str | None = None) -> Native:
-    """``py-spy dump --native`` of ``pid``, within ``timeout`` seconds."""
+async def native_stacks(pid: int, timeout: float, exe: str | None = None, *, stopped: bool = False) -> Native:
+    """``py-spy dump --native`` of ``pid``, within ``timeout`` seconds. A ``stopped`` process
+    gets its Python frames only, read from its memory (``--nonblocking``): the native ones
+    need it paused through ptrace, and a stopped process is left exactly as it is."""
     exe = exe or py_spy()
     if exe is None:
         return Native("", "py-spy is not installed (pip install 'ft-supervisor[diagnostics]')")
     try:
         proc = await asyncio.create_subprocess_exec(
-            exe, "dump", "--native", "--pid", str(pid),
+            exe, "dump", "--nonblocking" if stopped else "--native", "--pid", str(pid),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True,
         )  # fmt: skip
@@ -187,13 +190,18 @@ async def flight_recorder(
     # no NCCL watchdog reads it (gloo): the rank's client answers on a FIFO of its own
     if why is not None and _ask_dump(Path(f"{pipe_stem}{rank}{OWN_PIPE_SUFFIX}")) is not None:
         return None, why
+    # the client renames its dump into place whole: there it is complete as soon as it appears;
+    # NCCL's watchdog writes in place: complete once it stopped growing
+    whole = why is not None
     deadline = SYSTEM.monotonic() + timeout
     size, since = -1, SYSTEM.monotonic()
     while SYSTEM.monotonic() < deadline:
-        await SYSTEM.sleep(0.05)
+        await SYSTEM.sleep(POLL)
         if _mtime(dump) == before:
             continue
         now_size = _size(dump)
+        if whole and now_size > 0:
+            return dump, None
         if now_size != size:
             size, since = now_size, SYSTEM.monotonic()
         elif size > 0 and SYSTEM.monotonic() - since >= SETTLED:

@@ -3,16 +3,20 @@
 The in-rank client registers ``faulthandler`` on a signal and announces it. The
 dump is written by the signal handler itself (async-signal-safe C, no GIL
 needed), straight into the rank's stderr log, so it lands in the rank's own log
-even if the daemon is gone a moment later. A stopped rank gets SIGCONT, or the
-signal would wait. The daemon reads back what was appended, bounded in time: a
-rank stuck in the kernel never answers.
+even if the daemon is gone a moment later. The daemon reads back what was
+appended, bounded in time: a rank stuck in the kernel never answers.
+
+A stopped rank (SIGSTOP, a debugger) is not asked: the signal would wait until it
+runs again, and waking it to answer lets it run on while it is judged (it finishes
+its collective, its peers go on, and the rank that stopped the job no longer looks
+stopped). It is recorded as stopped instead; py-spy reads its Python stacks without
+waking it (``supervisor.process.native``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 from pathlib import Path
 
 from supervisor.clock import SYSTEM, Clock
@@ -33,21 +37,19 @@ async def dump_stacks(
     pid: int, signum: int, log: Path, timeout: float, *, signals: Signaller | None = None,
     clock: Clock = SYSTEM,
 ) -> str:  # fmt: skip
-    """Signal ``pid`` for a stack dump; return what it appended to ``log``.
-
-    A stopped rank is stopped again once it has answered: resumed, it would go on
-    training, and what it then wrote (its peer's connection reset as we stop the
-    peer) would read as a new failure of its own."""
+    """Signal ``pid`` for a stack dump; return what it appended to ``log`` (nothing
+    from a stopped process: it is not woken, see above)."""
     signals = signals or Signaller()
     before = _size(log)
-    stopped = process_state(pid) == "T"
-    if not signals.process(pid, signum) or not signals.process(pid, signal.SIGCONT):
+    # stopped by a signal only: a tracing stop (t) may be py-spy's own moment, gathering beside
+    if signals.state(pid) == "T" or not signals.process(pid, signum):
         return ""
-    try:
-        return await _read_dump(log, before, timeout, clock)
-    finally:
-        if stopped:
-            signals.process(pid, signal.SIGSTOP)
+    return await _read_dump(log, before, timeout, clock)
+
+
+def stopped(state: str | None) -> bool:
+    """A process state letter of a stopped process: by a signal (T) or a debugger (t)."""
+    return state in ("T", "t")
 
 
 async def _read_dump(log: Path, before: int, timeout: float, clock: Clock) -> str:
@@ -66,15 +68,6 @@ async def _read_dump(log: Path, before: int, timeout: float, clock: Clock) -> st
         f.seek(before)
         return f.read(min(size - before, MAX_DUMP)).decode(errors="replace")
     return ""
-
-
-def process_state(pid: int) -> str | None:
-    """The process's state letter from /proc (R, S, D, T...); None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return None
 
 
 _TICK = os.sysconf("SC_CLK_TCK")

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from supervisor.core.notable import notable_lines, says_going_down
+from supervisor.core.notable import notable_lines, says_going_down, says_timed_out_waiting
 from supervisor.log import Console
 
 MAX_LINE = 64 * 1024  # a line longer than this is printed in pieces
@@ -41,6 +41,7 @@ class Notable:
     exited: bool = False
     going_down: str | None = None  # the first line in which torch said it takes the rank down
     tears_down: bool = True  # whether an NCCL watchdog failure takes the process down
+    waited: str | None = None  # the first line saying it waited in a collective past its timeout
 
     def add(self, line: str) -> None:
         if self.exited:
@@ -48,6 +49,8 @@ class Notable:
             return
         if self.going_down is None and says_going_down(line, self.tears_down):
             self.going_down = line
+        if self.waited is None and says_timed_out_waiting(line):
+            self.waited = line
         if len(self.first) < NOTABLE_LINES // 4:
             self.first.append(line)
         else:
@@ -158,6 +161,11 @@ class LogFollower:
         """The line in which torch said it takes ``rank`` down, if it said so this generation."""
         notable = self.notable.get(rank)
         return None if notable is None else notable.going_down
+
+    def waited(self, rank: int) -> str | None:
+        """The line in which ``rank`` said it waited in a collective past its timeout, if it did."""
+        notable = self.notable.get(rank)
+        return None if notable is None else notable.waited
 
     def finish(self) -> dict[int, tuple[str, ...]]:
         """Copy what is left, including an unterminated last line, and stop.

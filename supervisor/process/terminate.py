@@ -47,6 +47,20 @@ class Signaller:
             return False
         return True
 
+    def state(self, pid: int) -> str | None:
+        """The process's state letter (``T``: stopped), None when it is gone: read before
+        anything is sent that could change it."""
+        return process_state(pid)
+
+
+def process_state(pid: int) -> str | None:
+    """The process's state letter from /proc (R, S, D, T...); None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class TerminationReport:

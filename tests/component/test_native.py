@@ -4,6 +4,7 @@ error, when it is missing or fails."""
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -14,6 +15,8 @@ import pytest
 
 from supervisor.process import native
 from supervisor.process.native import native_stacks, py_spy
+from supervisor.process.terminate import process_state
+from tests.support import wait_until
 
 
 def _exe(tmp_path: Path, body: str) -> str:
@@ -62,6 +65,26 @@ async def test_the_native_stacks_of_a_live_process() -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+@pytest.mark.asyncio
+@pytest.mark.skipif(py_spy() is None, reason="py-spy is not installed (the diagnostics extra)")
+async def test_a_stopped_process_gives_its_python_stacks_and_stays_stopped() -> None:
+    code = "import time\ndef frozen_here(): time.sleep(60)\nprint('in', flush=True)\nfrozen_here()"
+    sleeper = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert sleeper.stdout is not None and sleeper.stdout.readline() == b"in\n"
+        sleeper.send_signal(signal.SIGSTOP)
+        wait_until(lambda: process_state(sleeper.pid) == "T", 10, "the process to stop")
+        got = await native_stacks(sleeper.pid, 10, stopped=True)
+        assert "frozen_here" in got.text, got
+        # read from its memory: never paused through ptrace (a detach resumes it at once), never resumed
+        assert process_state(sleeper.pid) == "T"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        assert sleeper.stdout is not None
+        sleeper.stdout.close()
 
 
 @pytest.mark.parametrize(

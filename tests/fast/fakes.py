@@ -55,7 +55,8 @@ class FakeProcess:
         self.pid = next(FAKE_PIDS)
         self.returncode: int | None = None
         self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self.signals: list[int] = []
+        self.signals: list[int] = []  # to its process group
+        self.direct: list[int] = []  # to the process alone (a stack dump)
 
     async def wait(self) -> int:
         return await asyncio.shield(self._exited)
@@ -81,6 +82,7 @@ class Rank:
         self.stack_signal: int | None = None
         self.stacks = ""  # what its faulthandler would dump now: set by its script
         self.booting: asyncio.Future[None] | None = None
+        self._stopped: asyncio.Future[None] | None = None  # SIGSTOPped: SIGCONT resolves it
 
     @property
     def pid(self) -> int:
@@ -88,8 +90,21 @@ class Rank:
 
     # -- what the daemon does to it ---------------------------------------------------
 
+    @property
+    def state(self) -> str | None:
+        """Its /proc state letter: T while stopped, None once it exited."""
+        if self.proc.returncode is not None:
+            return None
+        return "T" if self.stopped else "S"
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped is not None and not self._stopped.done()
+
     def signal(self, signum: int) -> None:
         self.proc.signals.append(signum)
+        if signum == signal.SIGCONT:
+            self._resume()
         if signum in (signal.SIGCONT, 0) or self.proc.returncode is not None or self.behaviour.unkillable:
             return
         if signum == signal.SIGKILL:
@@ -102,11 +117,19 @@ class Rank:
         """A signal to the process alone (a stack dump), not its group."""
         if self.proc.returncode is not None:
             return False
-        if signum == self.stack_signal and self.stacks:
+        self.proc.direct.append(signum)
+        if signum == signal.SIGCONT:
+            self._resume()
+        elif signum == self.stack_signal and self.stacks and not self.stopped:  # a stopped one answers later
             self.log(self.stacks)
-        elif signum not in (signal.SIGCONT, signal.SIGSTOP, self.stack_signal):
+        elif signum not in (signal.SIGSTOP, self.stack_signal):
             self.signal(signum)
         return True
+
+    def _resume(self) -> None:
+        if self.stopped:
+            assert self._stopped is not None
+            self._stopped.set_result(None)
 
     def _end(self, code: int) -> None:
         if self._task is not None and not self._task.done():
@@ -150,6 +173,11 @@ class Rank:
 
     async def hang(self) -> None:
         await asyncio.get_running_loop().create_future()
+
+    async def stop(self) -> None:
+        """It SIGSTOPs itself: frozen (state T) until a SIGCONT, then it runs on."""
+        self._stopped = asyncio.get_running_loop().create_future()
+        await self._stopped
 
     def send(self, kind: str, **fields: Any) -> None:
         """A client message, signed with this rank's key, into the daemon's inbox."""
@@ -203,6 +231,10 @@ class FakeSignaller(Signaller):
     def process(self, pid: int, signum: int) -> bool:
         rank = self._ranks.by_pid.get(pid)
         return rank is not None and rank.signal_process(signum)
+
+    def state(self, pid: int) -> str | None:
+        rank = self._ranks.by_pid.get(pid)
+        return None if rank is None else rank.state
 
 
 @dataclass

@@ -8,6 +8,7 @@ The real exchange over torch's store: tests/integration/test_job_blame.py."""
 
 from __future__ import annotations
 
+import pickle
 import signal
 from pathlib import Path
 
@@ -199,3 +200,129 @@ def test_a_waiting_rank_that_fails_as_the_culprits_node_stops_its_ranks_does_not
     assert blamed(run)["ranks"] == [3] and blamed(run)["nodes"] == [1]
     assert run.named("rank_hung") == [] and run.named("node_health_marked") == []
     assert run.decisions() == [("restart", "peer_failed")], run.story()
+
+
+def test_a_sigstopped_rank_is_named_left_stopped_and_outranks_the_peers_that_exited_because_of_it(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 stops itself (SIGSTOP) inside its step while rank 0 waits in the all_reduce;
+    node 1's ranks exited after the incident began. Nothing gathered may wake rank 1 (woken,
+    it finishes its collective and the job runs on while it is judged: scripts/bench/blame.py
+    named the ranks that exited 0 meanwhile), and a rank that exited because of the incident
+    is less suspect than the stopped one: rank 1 on node 0 is named, node 1 is not charged."""
+
+    async def script(r: Rank) -> int | None:
+        r.hello(stack_signal=signal.SIGUSR1)
+        r.stacks = WAITING
+        for i in range(8):
+            r.send("section", op="open", name="step")
+            if r.generation == 0 and i == 3:
+                await (r.stop() if r.rank == 1 else r.hang())
+            await r.sleep(0.01)
+            r.send("section", op="close", name="step")
+            r.send("iteration", iteration=i)
+        return 0
+
+    ended = [RankEvidence(2, gone=True, after=True), RankEvidence(3, gone=True, after=True)]
+    peer = Peer(summarize_node(1, "node1", "generation 0", 0, ended), after=0.3)
+    job = ScriptedJob(Round(node_rank=0, peers=[peer]), Round())
+    run = supervise(tmp_path, script, *OPTIONS, job=lambda: job)
+    assert run.code == 0, run.story()
+    verdict = blamed(run)
+    assert (verdict["rule"], verdict["ranks"], verdict["nodes"]) == ("own_code", [1], [0]), verdict
+    # neither a stack dump's signal nor a SIGCONT reached it before the termination's own
+    stopped = next(r for r in run.ranks.of(0) if r.rank == 1)
+    assert stopped.proc.direct == [], stopped.proc.direct
+    assert [(s["rank"], s["where"]) for s in run.named("stacks_dumped")] == [(0, "collective")]
+    (hung,) = run.named("rank_hung")
+    assert (hung["rank"], hung["blamed_by"]) == (1, "job_blame")
+    assert run.decisions() == [("restart", "rank_hung")]
+    assert [m["kind"] for m in run.named("node_health_marked")] == ["hang"]
+
+
+WATCHDOG = (
+    "[rank0]:[E1127 16:00:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective "
+    "operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=8, NumelOut=8, Timeout(ms)=5000) "
+    "ran for 5003 milliseconds before timing out."
+)
+GLOO_TIMEOUT = (
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+    "5000ms for recv operation to complete"
+)
+LONG = ("--max-restarts", "1", "--ft-rank-section-timeouts", "step:60", "--ft-num-warmup-iterations", "0")
+
+
+def times_out(line: str, own_code_rank: int | None = None):  # type: ignore[no-untyped-def]
+    """Rank 0 waits in generation 0's all_reduce at step 3 until its collective's timeout (5 s,
+    well within the 60 s step deadline), says so in ``line`` and exits 1; the other rank waits
+    too, or (``own_code_rank``) sleeps in its own code."""
+    inner = hangs_at(3, own_code_rank)
+
+    async def script(r: Rank) -> int | None:
+        if r.generation != 0 or r.rank != 0:
+            return await inner(r)
+        r.hello(stack_signal=signal.SIGUSR1)
+        r.stacks = WAITING
+        for i in range(3):
+            await r.step(i, 0.01)
+        r.send("section", op="open", name="step")
+        await r.sleep(5.0)
+        r.log(line)
+        return 1
+
+    return script
+
+
+def test_a_ranks_collective_timeout_makes_the_jobs_incident_and_is_not_charged_when_the_culprit_is_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """Rank 0's NCCL watchdog gives up on its all_reduce long before any deadline here: the
+    node declares the job's incident as a hang does, node 1 answers (its rank 3 in its own
+    code), and rank 0's timeout is its symptom: node 0 follows, charging nobody (alone, it
+    decided N1 against its own waiting rank, and a repeated N1 sends the healthy node away)."""
+    job = ScriptedJob(Round(node_rank=0, peers=[Peer(node1(), after=0.3)]), Round())
+    run = supervise(tmp_path, times_out(WATCHDOG), *LONG, job=lambda: job)
+    assert run.code == 0, run.story()
+    assert job.boards[0].kv[incidents.DECLARED] == b"1" and run.named("deadline_missed") == []
+    verdict = blamed(run)
+    assert (verdict["ranks"], verdict["nodes"], verdict["summaries"]) == ([3], [1], [0, 1]), verdict
+    assert run.named("rank_hung") == [] and run.named("node_health_marked") == []
+    assert run.decisions() == [("restart", "peer_failed")], run.story()
+    assert reason(run)["job_blame"]["ranks"] == [3]
+
+
+def test_a_gloo_timeout_beside_the_culprit_here_names_the_culprit_not_the_rank_that_waited(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 times out waiting (gloo) while rank 1, on the same node, sleeps in its own code;
+    node 1's ranks wait: rank 1 is named hung by the job's blame and this node is marked."""
+    peer = Peer(node1(rank3=WAITING), after=0.3)
+    job = ScriptedJob(Round(node_rank=0, peers=[peer]), Round())
+    run = supervise(tmp_path, times_out(GLOO_TIMEOUT, own_code_rank=1), *LONG, job=lambda: job)
+    assert run.code == 0, run.story()
+    assert (blamed(run)["ranks"], blamed(run)["nodes"]) == ([1], [0]), blamed(run)
+    (hung,) = run.named("rank_hung")
+    assert (hung["rank"], hung["blamed_by"]) == (1, "job_blame")
+    (decided,) = run.named("decision")
+    assert (decided["action"], decided["reason"], decided["rank"]) == ("restart", "rank_hung", 1), decided
+    assert [m["kind"] for m in run.named("node_health_marked")] == ["hang"]
+
+
+def test_a_desync_leaves_one_decision_for_its_generation(tmp_path: Path) -> None:
+    """Node 1's ranks called all_gather and all_reduce at the same collective (real gloo dumps):
+    the job aborts on it, and the generation's one decision is that abort, on every reader."""
+    flight = STACKS.parent / "flight"
+    ranks = [
+        RankEvidence(r, dump=pickle.loads((flight / f"gloo_desync_op_rank_{r}.pkl").read_bytes()),
+                     reading=read((flight / f"gloo_desync_op_rank_{r}.stacks.txt").read_text()))
+        for r in (2, 3)
+    ]  # fmt: skip
+    peer = Peer(summarize_node(1, "node1", "generation 0", 0, ranks), after=0.3)
+    job = ScriptedJob(Round(node_rank=0, peers=[peer]), Round())
+    run = supervise(tmp_path, hangs_at(3), *OPTIONS, job=lambda: job)
+    assert run.code == 2, run.story()
+    assert blamed(run)["rule"] == "desync"
+    assert run.decisions() == [("abort", "not_retryable")], run.story()
+    assert reason(run)["decision"]["action"] == "abort" and reason(run)["job_blame"]["rule"] == "desync"
+    (incident,) = report.build(run.rundir).incidents
+    assert incident[1].blame == "desync"

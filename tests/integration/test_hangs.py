@@ -16,6 +16,7 @@ from pathlib import Path
 import orjson
 import zmq
 
+from supervisor.process.native import py_spy
 from supervisor.transport.endpoints import running_daemons
 from tests.support import RANKS, Daemon, proc_state, rank_pids, wait_until
 
@@ -49,13 +50,20 @@ def test_a_rank_that_stops_heartbeating_is_found_dumped_killed_and_restarted(sta
     assert "rank 1 generation 1 done" in d.stdout()
 
 
-def test_a_sigstopped_rank_is_found_and_killed(start: Start) -> None:
+def test_a_sigstopped_rank_is_found_left_stopped_while_judged_and_killed(start: Start) -> None:
     d = start(*FAST, "--max-restarts", "1", "--ft-rank-heartbeat-timeout", "0.5",
               MONITORED, "--heartbeat", "--hang-at", "5", "--hang-how", "stop")  # fmt: skip
     assert d.wait() == 0, d.story()
     assert d.events("rank_hung")[0]["rank"] == 1
     assert "SIGSTOP" not in d.stderr()
-    assert "most recent call first" in _stderr_log(d, 0, 1)  # SIGCONT let it dump
+    # not woken to dump its stacks (it would run on while judged); py-spy read them from its memory
+    assert "most recent call first" not in _stderr_log(d, 0, 1)
+    (bundle,) = d.events("hang_bundle")
+    manifest = json.loads((Path(bundle["path"]) / "bundle.json").read_text())
+    stopped = next(r for r in manifest["ranks"] if r["rank"] == 1)
+    assert (stopped["where"], stopped["flight_recorder"]) == ("stopped", None), stopped
+    if py_spy() is not None:
+        assert "monitored.py" in (Path(bundle["path"]) / stopped["native_stacks"]).read_text()
 
 
 def _garbage_everywhere(endpoints: Path) -> None:

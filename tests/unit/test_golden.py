@@ -13,7 +13,7 @@ import pytest
 from ft_supervisor_plugins.rules import rule_set
 from supervisor.core.classify import UNCLASSIFIED, classify
 from supervisor.core.evidence import Evidence
-from supervisor.core.notable import GOING_DOWN, is_notable, says_going_down
+from supervisor.core.notable import GOING_DOWN, is_notable, says_going_down, says_timed_out_waiting
 from supervisor.core.policy import Budget, History, decide
 from supervisor.core.rules import strip_prefix
 from supervisor.core.types import ExitStatus, RankExit, RankFailure
@@ -89,3 +89,20 @@ def test_only_torch_s_own_teardown_lines_say_a_rank_is_going_down() -> None:
     nccl = {c["file"] for c in CASES if any(r.startswith("N") for r in (c["rule"], *c.get("wrapped_by", [])))}
     assert said <= nccl, sorted(said - nccl)
     assert all(is_notable(phrase) for phrase in GOING_DOWN)
+
+
+def test_a_rank_says_it_timed_out_waiting_exactly_where_a_waiting_rule_matches() -> None:
+    """A rank that says so makes its node declare the job's incident: the live scanner's words
+    for it (``says_timed_out_waiting``) and the rules that classify such a rank as the one that
+    waited (``blame = "waiting"``: N1, D7) must read the corpus alike, line for line."""
+    waiting = [r for r in RULES if r.waiting]
+    assert {r.id for r in waiting} >= {"N1", "D7"}
+    unlike = []
+    for case in CASES:
+        if case["scope"] == "dmesg":
+            continue
+        for line in (HERE / case["file"]).read_text(errors="replace").splitlines():
+            text = strip_prefix(line)
+            if any(p.search(text) for r in waiting for p in r.patterns) != says_timed_out_waiting(line):
+                unlike.append((case["file"], line))
+    assert not unlike, unlike

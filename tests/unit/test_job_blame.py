@@ -140,6 +140,37 @@ def test_a_rank_without_a_dump_that_every_other_rank_waits_for_is_absent() -> No
     assert "node(s) 1 did not answer" in found.detail
 
 
+def test_a_stopped_rank_outranks_the_ranks_that_exited_because_of_the_incident() -> None:
+    # measured (scripts/bench/blame.py, sigstop): the ranks that exited meanwhile were
+    # ``gone``, ranked above the stopped one, and the job named ranks that had succeeded
+    ended = [RankEvidence(r, gone=True, after=True) for r in (0, 2, 3)]
+    ev = [RankEvidence(1, reading=stacks(Where.STOPPED, "stopped (SIGSTOP)")), *ended]
+    found = job_blame(nodes(ev, TWO), TWO)
+    assert (found.ranks, found.nodes, found.rule) == ((1,), (0,), "own_code"), found
+    # with the others' dumps: the stopped rank gave none, and is the one waited for; a rank
+    # that exited after the incident gave none either, and is never named for it
+    dumped = [gloo("own_code", r) for r in (0, 1)]
+    ev = [*dumped, RankEvidence(2, gone=True, after=True), RankEvidence(3, reading=stacks(Where.STOPPED))]
+    found = job_blame(nodes(ev, TWO), TWO)
+    assert (found.ranks, found.nodes, found.rule) == ((3,), (1,), "absent"), found
+    # a rank that exited before the incident began is still the most suspect of all
+    ev = [RankEvidence(0, gone=True), RankEvidence(1, reading=stacks(Where.STOPPED)),
+          *(RankEvidence(r, reading=stacks(Where.COLLECTIVE)) for r in (2, 3))]  # fmt: skip
+    assert job_blame(nodes(ev, TWO), TWO).ranks == (0,)
+    # nobody but ranks that ended and ranks that wait: nothing stands apart
+    ev = [*ended, RankEvidence(1, reading=stacks(Where.COLLECTIVE))]
+    assert job_blame(nodes(ev, TWO), TWO).undetermined
+
+
+def test_a_rank_that_timed_out_waiting_is_a_waiting_one() -> None:
+    line = "RuntimeError: [unbound_buffer.cc:81] Timed out waiting 5000ms for recv operation to complete"
+    ev = [RankEvidence(0, gone=True, waited=line), RankEvidence(1, reading=stacks(Where.COLLECTIVE)),
+          RankEvidence(2, reading=stacks(Where.COLLECTIVE)),
+          RankEvidence(3, reading=stacks(Where.OWN))]  # fmt: skip
+    found = job_blame(nodes(ev, TWO), TWO)
+    assert (found.ranks, found.nodes, found.rule, found.waiting) == ((3,), (1,), "own_code", (0, 1, 2))
+
+
 def test_a_silent_node_is_blamed_when_nothing_else_tells() -> None:
     w = {0: Where.COLLECTIVE, 1: Where.COLLECTIVE, 2: Where.OWN, 3: Where.COLLECTIVE}
     found = job_blame(hand(FOUR, w, answered=[0, 1, 3]), FOUR)

@@ -27,6 +27,7 @@ from supervisor.core.stacks import read
 from supervisor.process.native import read_flight_dump
 
 FLIGHT = Path(__file__).resolve().parent.parent / "fixtures" / "flight"
+WAITING_STACKS = (FLIGHT.parent / "stacks" / "allreduce_rank0.txt").read_text()
 
 
 def gloo(case: str, rank: int) -> RankEvidence:
@@ -79,6 +80,20 @@ def test_a_rank_that_exited_or_gave_no_dump_says_so() -> None:
         (0, "unknown", None, "no dump within 2 s"),
         (1, "gone", None, None),
     ]
+
+
+def test_a_rank_stands_where_its_stacks_said_while_it_lived_and_its_exit_says_when() -> None:
+    waited = "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE)"
+    s = summarize_node(0, "a", "i", 0, [
+        RankEvidence(0, reading=read(WAITING_STACKS), gone=True, after=True),  # read, then it exited
+        RankEvidence(1, gone=True, waited=waited),  # it said it waited: a waiting one, gone or not
+        RankEvidence(2, gone=True, after=True),  # exited after the incident began: because of it
+        RankEvidence(3, gone=True),  # before: the most suspect place
+    ])  # fmt: skip
+    assert [(r.rank, r.where) for r in s.ranks] == [(0, "collective"), (1, "collective"), (2, "ended"),
+                                                    (3, "gone")]  # fmt: skip
+    assert s.ranks[1].why == f"timed out waiting: {waited}"
+    assert decode(encode(s)) == s
 
 
 def test_the_wire_form_round_trips_and_is_canonical() -> None:

@@ -70,7 +70,9 @@ class JobBlame(Event, name="job_blame", level=WARNING):
     """A job-wide hang's one blame from every node's summary, the same on every node.
 
     The rule that decided, the culprit ranks and their nodes, the nodes that gave no
-    summary, and the seconds from the first node's declaration to this node's verdict."""
+    summary, and the seconds from the first node's declaration to this node's verdict:
+    of those, ``gathered`` this node's own evidence (stacks, dumps), ``exchanged`` from
+    publishing its summary to holding every node's that counts."""
 
     generation: int
     rule: str
@@ -82,3 +84,5 @@ class JobBlame(Event, name="job_blame", level=WARNING):
     mismatch: dict[str, Any] | None
     summaries: list[int]  # the nodes whose summary counted
     seconds: float | None
+    gathered: float | None = None
+    exchanged: float | None = None

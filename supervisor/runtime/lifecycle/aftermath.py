@@ -16,24 +16,36 @@ from supervisor.core.states import RankState
 from supervisor.core.types import RankFailure
 from supervisor.core.watch import Hang
 from supervisor.process.evidence import failure_evidence
-from supervisor.process.stacks import dump_stacks, process_state
+from supervisor.process.stacks import dump_stacks
+from supervisor.process.stacks import stopped as is_stopped
 from supervisor.process.terminate import Signaller
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
 from supervisor.runtime.records.events import EventLog
 
 
+def stopped_now(gen: Generation, signals: Signaller) -> frozenset[int]:
+    """The live ranks found stopped (SIGSTOP, a debugger), by local rank: read before
+    anything is sent to them, and never woken for evidence (``process.stacks``)."""
+    return frozenset(
+        lr for lr, r in gen.ranks.items() if r.returncode is None and is_stopped(signals.state(r.pid))
+    )
+
+
 async def collect_stacks(
-    gen: Generation, monitor: Monitor, timeout: float, events: EventLog, *, signals: Signaller, clock: Clock
-) -> dict[int, Reading | None]:
+    gen: Generation, monitor: Monitor, timeout: float, events: EventLog, *, signals: Signaller, clock: Clock,
+    stopped: frozenset[int] | None = None,
+) -> dict[int, Reading | None]:  # fmt: skip
     """Every live rank's stacks into its log, before the kill: all at once, since
     this is on the critical path of the restart. Where each rank stands, by local
     rank: what it was doing (its main thread), stopped, or silent (no answer); None
-    for a rank that cannot dump its stacks (no client)."""
+    for a rank that cannot dump its stacks (no client). ``stopped``: the ranks found
+    stopped before anything was gathered (else read here); they are not asked."""
     live = [r for r in gen.ranks.values() if r.returncode is None]
-    # read before the dump: the dump's SIGCONT would wake a stopped rank
-    stopped = {r.slot.local_rank for r in live if process_state(r.pid) in ("T", "t")}
-    ranks = [r for r in live if monitor.stack_signals.get(r.slot.rank) is not None]
+    if stopped is None:
+        stopped = stopped_now(gen, signals)
+    asked = [r for r in live if r.slot.local_rank not in stopped]
+    ranks = [r for r in asked if monitor.stack_signals.get(r.slot.rank) is not None]
     signal_of = monitor.stack_signals
     dumps = [
         dump_stacks(r.pid, signal_of[r.slot.rank], r.files.stderr, timeout, signals=signals, clock=clock)
@@ -57,14 +69,14 @@ async def collect_stacks(
             ),
         )
     for lr in stopped:
-        found[lr] = Reading(Where.STOPPED, (), "stopped (SIGSTOP, or a debugger)")
+        if lr in found:
+            found[lr] = Reading(Where.STOPPED, (), "stopped (SIGSTOP, or a debugger): left stopped")
     return found
 
 
 @dataclass(frozen=True, slots=True)
 class Seen:
-    """A live rank as the monitor knew it when the deadline was missed (before the
-    stack dump's SIGCONT lets a stopped rank talk again)."""
+    """A live rank as the monitor knew it when the deadline was missed."""
 
     rank: int
     last_seen: float

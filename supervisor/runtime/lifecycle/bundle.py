@@ -37,7 +37,7 @@ from supervisor.process.native import (
     read_flight_dump,
 )
 from supervisor.process.spawn import RankProcess
-from supervisor.process.stacks import process_state
+from supervisor.process.terminate import process_state
 from supervisor.runtime.lifecycle.aftermath import Seen
 from supervisor.runtime.lifecycle.generation import Generation
 from supervisor.runtime.lifecycle.monitor import Monitor
@@ -57,7 +57,9 @@ class Gathered:
 
     native: dict[int, Native] = field(default_factory=dict)
     flight: dict[int, tuple[Path | None, str | None]] = field(default_factory=dict)
-    seconds: float = 0.0
+    seconds: float = 0.0  # the whole gather
+    flight_seconds: float = 0.0  # the dumps alone (what the blame waits for)
+    native_seconds: float = 0.0  # py-spy alone (only the bundle waits for it)
 
 
 def generation_dir(gen: Generation) -> Path | None:
@@ -65,21 +67,63 @@ def generation_dir(gen: Generation) -> Path | None:
     return None if rank is None else rank.files.dir.parent
 
 
-async def gather(gen: Generation, timeout: float) -> Gathered:
-    """Native stacks and Flight Recorder dumps of every live rank, all at once."""
+STOPPED = "the rank is stopped (SIGSTOP, or a debugger): it cannot answer, and is not woken to"
+Natives = tuple[dict[int, Native], float]  # by local rank, and the seconds py-spy took
+
+
+async def _no_dump(why: str) -> tuple[Path | None, str | None]:
+    return None, why
+
+
+async def gather_flights(gen: Generation, timeout: float, stopped: frozenset[int] = frozenset()) -> Gathered:
+    """Every live rank's Flight Recorder dump, all at once. A ``stopped`` rank (by local
+    rank) is not asked: it cannot write one, and waiting for it would hold the verdict for
+    the whole bound."""
     where = generation_dir(gen)
     if timeout <= 0 or where is None:
         return Gathered()
     began = SYSTEM.monotonic()
     live = [r for r in gen.ranks.values() if r.returncode is None]
-    exe = py_spy()
     env = {**flight_recorder_env(os.environ, where), **os.environ}
-    natives = asyncio.gather(*(native_stacks(r.pid, timeout, exe) for r in live))
-    flights = asyncio.gather(*(flight_recorder(env, r.slot.rank, timeout) for r in live))
-    found_native, found_flight = await asyncio.gather(natives, flights)
-    local = [r.slot.local_rank for r in live]
-    return Gathered(dict(zip(local, found_native, strict=True)), dict(zip(local, found_flight, strict=True)),
-                    SYSTEM.monotonic() - began)  # fmt: skip
+    found = await asyncio.gather(
+        *(
+            _no_dump(STOPPED) if r.slot.local_rank in stopped else flight_recorder(env, r.slot.rank, timeout)
+            for r in live
+        )
+    )
+    took = SYSTEM.monotonic() - began
+    flight = dict(zip([r.slot.local_rank for r in live], found, strict=True))
+    return Gathered(flight=flight, seconds=took, flight_seconds=took)
+
+
+async def gather_natives(gen: Generation, timeout: float, stopped: frozenset[int] = frozenset()) -> Natives:
+    """Every live rank's native stacks (py-spy), all at once; a ``stopped`` rank's Python
+    stacks only, read without waking it (``process.native.native_stacks``)."""
+    if timeout <= 0 or generation_dir(gen) is None:
+        return {}, 0.0
+    began = SYSTEM.monotonic()
+    live = [r for r in gen.ranks.values() if r.returncode is None]
+    exe = py_spy()
+    found = await asyncio.gather(
+        *(native_stacks(r.pid, timeout, exe, stopped=r.slot.local_rank in stopped) for r in live)
+    )
+    return dict(zip([r.slot.local_rank for r in live], found, strict=True)), SYSTEM.monotonic() - began
+
+
+def with_natives(got: Gathered, natives: Natives) -> Gathered:
+    """The dumps and the native stacks, gathered side by side: the whole took the longer."""
+    native, took = natives
+    got.native, got.native_seconds = native, took
+    got.seconds = max(got.seconds, took)
+    return got
+
+
+async def gather(gen: Generation, timeout: float, stopped: frozenset[int] = frozenset()) -> Gathered:
+    """Native stacks and Flight Recorder dumps of every live rank, all at once."""
+    got, natives = await asyncio.gather(
+        gather_flights(gen, timeout, stopped), gather_natives(gen, timeout, stopped)
+    )
+    return with_natives(got, natives)
 
 
 Flights = dict[int, tuple[list[dict[str, Any]], str | None]]  # local rank -> (summary, why none)
@@ -199,6 +243,8 @@ async def write(
         "evidence": found.detail,
         "waiting": list(found.waiting),
         "gathered_in_s": round(got.seconds, 3),
+        "flight_recorder_s": round(got.flight_seconds, 3),
+        "native_stacks_s": round(got.native_seconds, 3),
         # by process group: ranks that issued fewer collectives than a peer (the others wait for them)
         "flight_recorder_behind": late,
         "ranks": entries,

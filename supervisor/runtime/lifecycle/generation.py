@@ -34,6 +34,7 @@ class Generation:
         clock: Clock,
         events: EventLog,
         before_exit_event: Callable[[int], Mapping[Path, int]] = lambda rank: {},
+        waited_of: Callable[[int], str | None] = lambda rank: None,
     ) -> None:
         self.number = number
         self.topology = Topology(nproc_per_node=1)  # set by the launcher before any rank spawns
@@ -78,6 +79,7 @@ class Generation:
         # lets the console show a rank's last words before the news of its exit, and
         # says how far its logs went when it died (local rank -> path -> bytes)
         self._before_exit_event = before_exit_event
+        self._waited_of = waited_of  # by rank: the log line saying it timed out waiting in a collective
         self.exit_offsets: dict[int, Mapping[Path, int]] = {}
 
     @property
@@ -106,6 +108,13 @@ class Generation:
         if self.missed is None:
             self.missed = (hang, noticed)
         self.ended.set()
+
+    def waited(self) -> dict[int, str]:
+        """By local rank, the ranks that said they waited in a collective past its timeout
+        (NCCL's watchdog, gloo's wait: ``core.notable.says_timed_out_waiting``), as far as
+        their logs were read: witnesses of a peer's trouble, which make the job's incident."""
+        said = {lr: self._waited_of(r.slot.rank) for lr, r in self.ranks.items()}
+        return {lr: line for lr, line in said.items() if line is not None}
 
     def hung(self, local_rank: int, hang: Hang, deadline_wall: float) -> None:
         """The evidence names this rank as hung."""

@@ -56,21 +56,43 @@ class Collected:
     got: bundle.Gathered  # native stacks, Flight Recorder dumps
     summaries: bundle.Flights  # the dumps, summarised
     dumps: bundle.Dumps  # the dumps as read
+    stopped: frozenset[int] = frozenset()  # found stopped before anything was gathered
+    natives: asyncio.Future[bundle.Natives] | None = None  # py-spy's, still under way
+    seconds: float = 0.0  # what the blame waited for: the stacks, the dumps, their reading
+
+    async def complete(self) -> bundle.Gathered:
+        """Everything gathered, py-spy's native stacks included (within its bound)."""
+        if self.natives is not None:
+            self.got = bundle.with_natives(self.got, await self.natives)
+            self.natives = None
+        return self.got
+
+    async def drop(self) -> None:
+        """No bundle after all: py-spy, if still running, is ended."""
+        if self.natives is not None:
+            self.natives.cancel()
+            await asyncio.gather(self.natives, return_exceptions=True)
+            self.natives = None
 
 
 async def collect(
     gen: Generation, monitor: Monitor, *, noticed: float, stack_timeout: float, bundle_timeout: float,
     clock: Clock, events: EventLog, signals: Signaller,
 ) -> Collected:  # fmt: skip
-    """Every live rank's stacks and Flight Recorder dump, all at once, within their bounds."""
-    # what each rank last said, as of the notice: the dump's SIGCONT wakes a stopped rank
-    seen = aftermath.seen_now(gen, monitor, noticed)
-    readings, got = await asyncio.gather(
-        aftermath.collect_stacks(gen, monitor, stack_timeout, events, signals=signals, clock=clock),
-        bundle.gather(gen, bundle_timeout),
-    )
+    """Every live rank's stacks and Flight Recorder dump, all at once, within their bounds;
+    then its native stacks, for the bundle alone (``Collected.natives``): the blame does not
+    wait for py-spy. A rank found stopped is recorded so first, and nothing gathered wakes it."""
+    began = clock.monotonic()
+    stopped = aftermath.stopped_now(gen, signals)
+    seen = aftermath.seen_now(gen, monitor, noticed)  # what each rank last said, as of the notice
+    stacks = aftermath.collect_stacks(gen, monitor, stack_timeout, events, signals=signals, clock=clock,
+                                      stopped=stopped)  # fmt: skip
+    readings, got = await asyncio.gather(stacks, bundle.gather_flights(gen, bundle_timeout, stopped))
+    # py-spy only now, beside the exchange: its symbol reading (seconds of CPU a torch rank) took
+    # the CPU the ranks' dumps needed (dumps of 1.5 to 3 s beside it on a loaded machine, 0.2 s alone)
+    natives = asyncio.ensure_future(bundle.gather_natives(gen, bundle_timeout, stopped))
     summaries, dumps = await bundle.flights(got)  # the recorder's account of who issued which collective
-    return Collected(seen, readings, got, summaries, dumps)
+    return Collected(seen, readings, got, summaries, dumps, stopped, natives, clock.monotonic() - began)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +111,8 @@ async def name_hung(
     and leave the hang's diagnostic bundle (``supervisor.runtime.lifecycle.bundle``).
     With ``job``, the job's blame stands for this node's: only its culprits here are hung."""
     if gen.missed is None:
+        if collected is not None:
+            await collected.drop()
         return None
     missed, noticed = gen.missed
     c = collected or await collect(gen, monitor, noticed=noticed, stack_timeout=stack_timeout,
@@ -127,7 +151,8 @@ async def name_hung(
         )
         if rank in local:
             gen.hung(local[rank], hang, deadline_wall)
+    got = await c.complete()
     gen.bundle = await bundle.write(gen, monitor, missed=missed, found=found, seen=seen, readings=readings,
-                                    got=c.got, summaries=c.summaries, noticed=noticed, clock=clock,
+                                    got=got, summaries=c.summaries, noticed=noticed, clock=clock,
                                     events=events, job=None if job is None else job.document)  # fmt: skip
     return found

@@ -1,8 +1,10 @@
 """A hang across the job: every node's evidence, one blame, the same on every node.
 
-A node that misses a deadline declares an incident in the round's store before it
+A node that misses a deadline, or one of whose ranks said it timed out waiting in a
+collective (NCCL's watchdog, gloo's wait: a witness of a peer's trouble, whose own
+failure is the incident's symptom), declares an incident in the round's store before it
 announces its generation's end (``declare``); every node that ends on that news, or
-on its own missed deadline, then ``examine`` s, before the kill: it gathers its ranks'
+on its own, then ``examine`` s, before the kill: it gathers its ranks'
 stacks and Flight Recorder dumps (``hangs.collect``, within the bundle's bounds),
 publishes its ``NodeSummary`` and, bounded (``coord.incidents.WAIT``), reads every
 node's (``coord.incidents.exchange``: the same set on every node). The pure
@@ -41,8 +43,9 @@ News = tuple[PeerNews, str]
 
 
 async def declare(board: Board | None, job_gen: JobGeneration, gen: Generation, clock: Clock) -> None:
-    """This node's hang is the job's incident (before the end is announced)."""
-    if board is not None and gen.missed is not None:
+    """This node's hang, or its rank's collective timeout, is the job's incident (before
+    the end is announced)."""
+    if board is not None and _trouble(gen):
         with contextlib.suppress(JobOver):  # the store is gone: the announcement says so next
             await incidents.declare(board, job_gen.node_rank, clock.wall())
 
@@ -60,6 +63,20 @@ async def examine(
     collected = await hangs.collect(gen, monitor, noticed=noticed, stack_timeout=ft.stack_dump_timeout,
                                     bundle_timeout=ft.bundle_timeout, clock=clock, events=events,
                                     signals=signals)  # fmt: skip
+    try:
+        return True, await _judge(gen, monitor, board, job_gen, collected, declared_at=declared_at,
+                                  noticed=noticed, node=node, ft=ft, clock=clock, events=events,
+                                  signals=signals)  # fmt: skip
+    finally:
+        await collected.drop()  # py-spy, where no bundle was written after all
+
+
+async def _judge(
+    gen: Generation, monitor: Monitor, board: Board, job_gen: JobGeneration, collected: hangs.Collected, *,
+    declared_at: float, noticed: float, node: str, ft: FtConfig, clock: Clock, events: EventLog,
+    signals: Signaller,
+) -> News | None:  # fmt: skip
+    """Publish, exchange, judge and apply: the news this node follows, if the culprits run elsewhere."""
 
     async def name_hung(job: hangs.JobWide | None) -> None:
         await hangs.name_hung(gen, monitor, stack_timeout=ft.stack_dump_timeout,
@@ -67,13 +84,14 @@ async def examine(
                               signals=signals, collected=collected, job=job)  # fmt: skip
 
     summary = summarize_node(job_gen.node_rank, node, f"generation {gen.number}", gen.number,
-                             _evidence(gen, collected))  # fmt: skip
+                             _evidence(gen, collected, declared_at))  # fmt: skip
+    published = clock.monotonic()
     try:
         got = await incidents.exchange(board, job_gen.node_rank, job_gen.nnodes, encode(summary),
                                        wait=_wait(ft, declared_at, clock))  # fmt: skip
     except JobOver:
         await name_hung(None)
-        return True, None
+        return None
     summaries = [s for s in map(decode, got.values()) if s is not None]
     expected = job_verdict.expected_nodes(job_gen.nnodes, gen.topology.nproc_per_node)
     verdict = job_blame(summaries, expected)
@@ -83,7 +101,8 @@ async def examine(
             generation=gen.number, rule=verdict.rule, ranks=list(verdict.ranks), nodes=list(verdict.nodes),
             silent=list(verdict.silent), waiting=list(verdict.waiting), detail=verdict.detail,
             mismatch=verdict_json(verdict)["mismatch"], summaries=sorted(s.node_rank for s in summaries),
-            seconds=round(clock.wall() - declared_at, 3),
+            seconds=round(clock.wall() - declared_at, 3), gathered=round(collected.seconds, 3),
+            exchanged=round(clock.monotonic() - published, 3),
         )
     )  # fmt: skip
     ordered = sorted(summaries, key=lambda s: s.node_rank)
@@ -92,7 +111,7 @@ async def examine(
 
     if verdict.undetermined:  # nobody named: each node keeps its own blame
         await name_hung(None)
-        return True, None
+        return None
     gen.job_blame = job_verdict.reason_fields(verdict)
     local = {r.slot.rank: lr for lr, r in gen.ranks.items()}
     here = job_verdict.culprits_here(verdict, local)
@@ -103,9 +122,9 @@ async def examine(
         gen.missed_deadline(hang or Hang(here[0], HangKind.HEARTBEAT, None, None, 0.0, 0.0), noticed)
     await name_hung(hangs.JobWide(found, document))
     if here:
-        return True, None
+        return None
     gen.culprit_elsewhere = True
-    return True, (PeerNews.ENDED, job_verdict.followed(verdict, hosts))
+    return PeerNews.ENDED, job_verdict.followed(verdict, hosts)
 
 
 async def _declared(
@@ -113,13 +132,18 @@ async def _declared(
 ) -> float | None:
     """When the round's incident was first declared; None: this end is no hang's (or
     the store is gone: this node then judges alone, and the job's end comes next)."""
-    if board is None or (gen.missed is None and (news is None or news[0] is not PeerNews.ENDED)):
+    if board is None or (not _trouble(gen) and (news is None or news[0] is not PeerNews.ENDED)):
         return None
     await declare(board, job_gen, gen, clock)
     try:
         return await incidents.declared(board)
     except JobOver:
         return None
+
+
+def _trouble(gen: Generation) -> bool:
+    """What makes this node declare: a missed deadline, or a rank's collective timeout."""
+    return gen.missed is not None or bool(gen.waited())
 
 
 def _wait(ft: FtConfig, declared_at: float, clock: Clock) -> float:
@@ -137,15 +161,18 @@ def _found(verdict: JobBlame, here: tuple[int, ...], local: dict[int, int]) -> B
     return Blame(here, "job_blame", waiting, detail)
 
 
-def _evidence(gen: Generation, c: hangs.Collected) -> list[RankEvidence]:
-    out = []
+def _evidence(gen: Generation, c: hangs.Collected, declared_at: float) -> list[RankEvidence]:
+    """Each rank as gathered: its stacks and dump if it lived then; if it has exited, whether
+    after the incident was declared (because of it); its own word if it timed out waiting."""
+    out, waited = [], gen.waited()
     for lr, r in sorted(gen.ranks.items()):
-        if r.returncode is not None:
-            out.append(RankEvidence(r.slot.rank, gone=True))
-            continue
+        gone = r.returncode is not None
+        exit = gen.exits.get(lr)
+        after = gone and (exit is None or exit.at_wall >= declared_at)
         dump: Any = None
         dump, why = c.dumps.get(lr, (None, c.got.flight.get(lr, (None, None))[1]))
         seen = c.seen.get(lr)
         out.append(RankEvidence(r.slot.rank, dump=dump, dump_error=why, reading=c.readings.get(lr),
-                                iteration=None if seen is None else seen.iteration))  # fmt: skip
+                                iteration=None if seen is None else seen.iteration, gone=gone, after=after,
+                                waited=waited.get(lr)))  # fmt: skip
     return out

@@ -104,7 +104,8 @@ class Launcher:
     async def prepare(self, number: int, *, standby: bool, topology: Topology | None = None) -> Generation:
         """Spawn a generation's ranks; they wait for their go. Until the
         rendezvous says otherwise, this node keeps the place it had last."""
-        gen = Generation(number, self._clock, self._events, lambda rank: self._exited(number, rank))
+        gen = Generation(number, self._clock, self._events, lambda rank: self._exited(number, rank),
+                         self._follower.waited)  # fmt: skip
         gen.topology = topology or self.topology
         try:
             await self.containment()

@@ -206,11 +206,11 @@ class Loop:
                                                     bundle=ended.bundle)  # fmt: skip
         if ended.job_blame is not None:  # the job's blame of a hang: every node's reason.json names it
             judgement = replace(judgement, job_blame=ended.job_blame)
+            if (desync := desync_decision(ended.job_blame)) is not None:
+                # a program error, judged across the job: it stands for this node's own decision,
+                # the generation's one decision (a reader of a first one would be misled)
+                judgement = judgement.adopting(desync)
         self._record(judgement)
-        if ended.job_blame is not None and (desync := desync_decision(ended.job_blame)) is not None:
-            # a program error, judged across the job: it overrides this node's own decision (as
-            # its health does, below), and is recorded as such
-            self._record(judgement := judgement.adopting(desync))
         # the node's ledger records a hardware-looking failure (or its rank that the job
         # blamed for a hang); one too many, and a restart becomes this node's leaving
         # (--node-quarantine)
