@@ -41,14 +41,16 @@ RESTORE_STEP = 10**9
 RESTORE_REPEATS = 9
 
 
-def make_state(nbytes: int) -> dict[str, Any]:
-    """A model's and an optimizer's state of about ``nbytes`` (float32; a tenth in bfloat16)."""
+def make_state(nbytes: int, device: str = "cpu") -> dict[str, Any]:
+    """A model's and an optimizer's state of about ``nbytes`` (float32: the weights and
+    Adam's two moments, a third each; 12 GB is a model of a billion parameters), on ``device``."""
     n = nbytes // 4 // 10  # float32 elements per block: model, exp_avg, exp_avg_sq, 10 blocks
     blocks = 10
     per = n // 3
-    model = {f"layer{i}.weight": torch.randn(per // 1024, 1024) for i in range(blocks)}
-    optim = {i: {"step": torch.tensor(1.0), "exp_avg": torch.zeros(per // 1024, 1024),
-                 "exp_avg_sq": torch.zeros(per // 1024, 1024)} for i in range(blocks)}  # fmt: skip
+    rows = per // 1024
+    model = {f"layer{i}.weight": torch.randn(rows, 1024, device=device) for i in range(blocks)}
+    optim = {i: {"step": torch.tensor(1.0), "exp_avg": torch.zeros(rows, 1024, device=device),
+                 "exp_avg_sq": torch.zeros(rows, 1024, device=device)} for i in range(blocks)}  # fmt: skip
     return {
         "model": model,
         "optim": {
@@ -88,13 +90,17 @@ class SlotLayer:
             if writer is not None:
                 writer.close()
             writer = self.writers[number] = slotfile.Writer(slotfile.map_for_writing(str(path), p.total))
-        writer.write(p, step)
+        copying = writer.write(p, step)
         self.idle[number].clear()
-        threading.Thread(target=self._finish, args=(number, writer, p.total), daemon=True).start()
+        job = (number, writer, p.total, step, copying)
+        threading.Thread(target=self._finish, args=job, daemon=True).start()
         self.next = 1 - number
         return True
 
-    def _finish(self, number: int, writer: slotfile.Writer, nbytes: int) -> None:
+    def _finish(self, number: int, writer: slotfile.Writer, nbytes: int, step: int, copying: Any) -> None:
+        if copying is not None:  # the device's copies, then the seal: as the client's background thread
+            copying.wait()
+            writer.seal(nbytes, step)
         began = time.perf_counter()
         slotfile.checksum(writer.mapping, nbytes)
         self.checksums.append(time.perf_counter() - began)
@@ -110,7 +116,10 @@ class SlotLayer:
         path.write_bytes(b"")
         os.truncate(path, p.total)
         w = slotfile.Writer(slotfile.map_for_writing(str(path), p.total))
-        w.write(p, 1)
+        copying = w.write(p, 1)
+        if copying is not None:
+            copying.wait()
+            w.seal(p.total, 1)
         digest = slotfile.checksum(w.mapping, p.total)
         w.close()
         shutil.copyfile(path, restore / "rank0.1")  # the rank's other slot, which a standby maps too
@@ -120,7 +129,7 @@ class SlotLayer:
             _, back, _ = slotfile.read_slot(str(path), p.total, digest, 1)
             mapped.append(time.perf_counter() - began)
             mapped_cpu.append(time.process_time() - cpu)
-            assert torch.equal(back["model"]["layer0.weight"], state["model"]["layer0.weight"])
+            assert torch.equal(back["model"]["layer0.weight"], state["model"]["layer0.weight"].cpu())
             del back
             premap(restore)  # what a standby does while it waits for its go
             began, cpu = time.perf_counter(), time.process_time()
@@ -128,7 +137,7 @@ class SlotLayer:
             premapped.append(time.perf_counter() - began)
             premapped_cpu.append(time.process_time() - cpu)
             assert served == "premapped" and torch.equal(back["model"]["layer0.weight"],
-                                                         state["model"]["layer0.weight"])  # fmt: skip
+                                                         state["model"]["layer0.weight"].cpu())  # fmt: skip
             del back
         return {"seconds": statistics.median(mapped), "premapped_seconds": statistics.median(premapped),
                 "cpu_seconds": statistics.median(mapped_cpu),
@@ -150,17 +159,24 @@ def premap(directory: Path) -> None:
         module.wait(theirs.fileno())
 
 
-def calibrate(step_s: float) -> tuple[torch.Tensor, int]:
+def calibrate(step_s: float, device: str = "cpu") -> tuple[torch.Tensor, int]:
     """Matrix products for a step of ``step_s``: the fastest of 5 trials (a busy machine's
     slow trial would make every step short)."""
-    a = torch.randn(512, 512)
+    a = torch.randn(*((512, 512) if device == "cpu" else (8192, 8192)), device=device)
     trials = []
     for _ in range(5):
         began = time.perf_counter()
         for _ in range(10):
             a @ a
+        sync(a)
         trials.append((time.perf_counter() - began) / 10)
     return a, max(1, round(step_s / min(trials)))
+
+
+def sync(a: torch.Tensor) -> None:
+    """A step ends when its device is done (as a real one's ``loss.item()``)."""
+    if a.is_cuda:
+        torch.cuda.synchronize(a.device)
 
 
 def step(a: torch.Tensor, reps: int, state: dict[str, Any]) -> None:
@@ -168,6 +184,7 @@ def step(a: torch.Tensor, reps: int, state: dict[str, Any]) -> None:
         a @ a
     state["model"]["layer0.weight"].add_(1e-3)
     state["loader"]["position"] += 1
+    sync(a)
 
 
 def slot_ram() -> dict[str, int] | None:
@@ -184,9 +201,9 @@ def slot_ram() -> dict[str, int] | None:
             "size": sum(st.st_size for st in stats)}  # fmt: skip
 
 
-def measure(size: int, rounds: int, steps: int, step_s: float, snap: Any) -> dict[str, Any]:
-    state = make_state(size)
-    a, reps = calibrate(step_s)
+def measure(size: int, rounds: int, steps: int, step_s: float, snap: Any, *, device: str) -> dict[str, Any]:
+    state = make_state(size, device)
+    a, reps = calibrate(step_s, device)
     plain: list[float] = []
     with_snap: list[float] = []
     costs: list[float] = []
@@ -227,25 +244,31 @@ def main() -> None:
     ap.add_argument("--restore-mb", type=int, default=1024)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--no-snapshots", action="store_true", help="the same steps, no snapshot")
+    ap.add_argument("--device", default="cpu", help="where the state and the steps are: cpu or cuda")
     args = ap.parse_args()
     daemon = client.is_active()
     directory = Path(tempfile.mkdtemp(prefix="ft-snapshot-bench-", dir="/dev/shm"))
     layer = SlotLayer(directory)
-    results: dict[str, Any] = {"through": "daemon" if daemon else "slot layer", "sizes": []}
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    results: dict[str, Any] = {"through": "daemon" if daemon else "slot layer", "sizes": [], "device": device}
     try:
         snap = client.snapshot if daemon else layer.snapshot
         if args.no_snapshots:
             snap, args.restore_mb = (lambda state, step: False), 0
             results["through"] = "no snapshots"
         for mb in (int(s) for s in args.sizes.split(",")):
-            results["sizes"].append(measure(mb * MB, args.rounds, args.steps, args.step_ms / 1000, snap))
+            results["sizes"].append(measure(mb * MB, args.rounds, args.steps, args.step_ms / 1000, snap,
+                                            device=args.device))  # fmt: skip
         if args.restore_mb:
-            state = make_state(args.restore_mb * MB)
+            state = make_state(args.restore_mb * MB, args.device)
             if daemon:
                 client.snapshot(state, RESTORE_STEP)  # newer than every step measured
                 began = time.perf_counter()
                 held = client.restore()
-                results["restore"] = {"seconds": time.perf_counter() - began, "bytes": state_bytes(state),
+                seconds = time.perf_counter() - began
+                same = held is not None and all(  # what the device held, bit for bit
+                    torch.equal(held[1]["model"][k], v.cpu()) for k, v in state["model"].items())  # fmt: skip
+                results["restore"] = {"seconds": seconds, "bytes": state_bytes(state), "same": same,
                                       "step": None if held is None else held[0]}  # fmt: skip
             else:
                 results["restore"] = layer.restore_time(state)

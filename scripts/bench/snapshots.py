@@ -54,7 +54,8 @@ def run_rank(args: argparse.Namespace, out: Path, *, snapshots: bool = True) -> 
     result = out / "result.json"
     rank_args = ["--sizes", args.sizes, "--rounds", str(args.rounds), "--steps", str(args.steps),
                  "--step-ms", str(args.step_ms), "--restore-mb", str(args.restore_mb),
-                 "--json", str(result), *([] if snapshots else ["--no-snapshots"])]  # fmt: skip
+                 "--device", args.device, "--json", str(result),
+                 *([] if snapshots else ["--no-snapshots"])]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(REPO))
     if args.layer == "slots":
         env = {k: v for k, v in env.items() if not k.startswith("FT_SUPERVISOR_")}
@@ -94,7 +95,7 @@ def memory_table(r: dict[str, Any], without: dict[str, Any] | None) -> str:
 
 
 def table(r: dict[str, Any], step_ms: float) -> str:
-    rows = [f"Through: {r['through']}; a {step_ms:g} ms step; times in ms.", "",
+    rows = [f"Through: {r['through']}; on {r.get('device', 'cpu')}; a {step_ms:g} ms step; times in ms.", "",
             "| state | snapshots | snapshot() median | p99 | first into a slot | step without | step with"
             " | added per step | slowdown |",
             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -111,7 +112,9 @@ def table(r: dict[str, Any], step_ms: float) -> str:
     if restore:
         ms = restore["seconds"] * 1000
         cpu = f" ({restore['cpu_seconds'] * 1000:.1f} CPU-ms)" if "cpu_seconds" in restore else ""
-        rows.append(f"restore() of {restore['bytes'] / 2**20:.0f} MB: {ms:.1f} ms{cpu}")
+        verdict = {True: ", the state bit for bit", False: ", NOT the state snapshotted"}
+        same = verdict.get(restore.get("same"), "")
+        rows.append(f"restore() of {restore['bytes'] / 2**20:.0f} MB: {ms:.1f} ms{cpu}{same}")
         if restore.get("premapped_seconds") is not None:
             ms, cpu_ms = restore["premapped_seconds"] * 1000, restore["premapped_cpu_seconds"] * 1000
             rows.append(f"... from a warm standby's premapped slot: {ms:.1f} ms ({cpu_ms:.1f} CPU-ms); "
@@ -127,6 +130,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10, help="steps per round")
     ap.add_argument("--step-ms", type=float, default=200.0)
     ap.add_argument("--restore-mb", type=int, default=1024)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda: the state and the steps on the GPU")
     ap.add_argument("--snapshot-memory", default="0.5", help="the daemon's budget (--layer daemon)")
     ap.add_argument("--timeout", type=float, default=1200.0)
     ap.add_argument("--out", type=Path)

@@ -17,7 +17,8 @@ Layout (all integers little-endian):
 * the data area, from the header's offset (64-byte aligned): the tensors' raw bytes.
 
 ``plan`` walks a state (on the caller's thread: it only looks at the tensors),
-``write_slot`` copies it into a writable mapping, ``checksum`` is what the daemon records,
+``Writer`` copies it into a writable mapping (tensors on CUDA devices asynchronously, into
+the mapping page-locked: sealed once the copies are done), ``checksum`` is what the daemon records,
 ``read_slot`` maps a slot file copy-on-write, checks it against the recorded size and
 checksum and rebuilds the state with tensors that are views of the mapping (no second
 copy; the caller may modify them, the file stays as it was). torch and numpy are looked up
@@ -40,6 +41,7 @@ from typing import Any
 import orjson
 import xxhash
 
+from supervisor.client import snapshot_cuda
 from supervisor.core.memory_snapshots import HEADER, HEADER_SIZE, MAGIC, SEAL
 
 ALIGN = 64
@@ -166,8 +168,11 @@ class Writer:
         self.mapping = mapping
         self._torch_view: Any = None
         self._numpy_view: Any = None
+        self.lock = snapshot_cuda.PageLock()  # the mapping, for copies from CUDA devices
 
-    def write(self, p: Plan, step: int) -> None:
+    def write(self, p: Plan, step: int) -> snapshot_cuda.Copying | None:
+        """Copy ``p`` into the slot; None: sealed. A ``Copying``: copies from CUDA devices in
+        flight (``snapshot_cuda``): the caller waits for them off the training thread, then seals."""
         if p.total > len(self.mapping):
             raise SlotError(f"the snapshot takes {p.total} bytes, the slot holds {len(self.mapping)}")
         m = self.mapping
@@ -181,14 +186,27 @@ class Writer:
                 start = p.data_offset + a.offset
                 view = self._numpy()[start : start + a.nbytes].view(a.value.dtype)
                 view.reshape(a.value.shape)[...] = a.value
+        copying = None
         if tensors:
             whole = self._torch()
-            with sys.modules["torch"].no_grad():
+            torch = sys.modules["torch"]
+            on_cuda = [a for a in tensors if a.value.is_cuda]
+            # into pageable memory (any other device; CUDA when locking failed) a copy is synchronous
+            later = bool(on_cuda) and self.lock.hold(torch, whole.data_ptr(), len(self.mapping))
+            with torch.no_grad():
                 for a in tensors:
                     start = p.data_offset + a.offset
-                    whole[start : start + a.nbytes].view(a.value.dtype).view(a.value.shape).copy_(a.value)
-        # last: the copy is whole (a rank killed before this leaves the seal at zero)
-        m[HEADER.size : HEADER.size + SEAL.size] = SEAL.pack(int(step) + 1, p.total)
+                    view = whole[start : start + a.nbytes].view(a.value.dtype).view(a.value.shape)
+                    view.copy_(a.value, non_blocking=later and a.value.is_cuda)
+            if later:
+                copying = snapshot_cuda.after(torch, {a.value.device for a in on_cuda})
+        if copying is None:
+            self.seal(p.total, step)
+        return copying
+
+    def seal(self, total: int, step: int) -> None:
+        """Mark the copy whole: last, so a rank killed before it leaves the seal at zero."""
+        self.mapping[HEADER.size : HEADER.size + SEAL.size] = SEAL.pack(int(step) + 1, total)
 
     def _torch(self) -> Any:
         if self._torch_view is None:
@@ -201,7 +219,10 @@ class Writer:
         return self._numpy_view
 
     def close(self) -> None:
-        """Unmap (unless something still holds a view of the mapping: then when it goes)."""
+        """Unmap (unless something still holds a view of the mapping: then when it goes).
+        Copies in flight must be done (the caller waits for its ``Copying`` first)."""
+        if self.lock.address is not None:
+            self.lock.release(sys.modules["torch"])
         self._torch_view = self._numpy_view = None
         _drop(self.mapping)
 

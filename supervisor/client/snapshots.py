@@ -42,6 +42,7 @@ from supervisor.client import snapshot_slots as slotfile
 from supervisor.client.connection import Client
 from supervisor.client.connection import current as _get
 from supervisor.client.connection import held as _held
+from supervisor.client.snapshot_cuda import Copying
 from supervisor.client.snapshot_slots import SlotError, Writer
 
 BEGIN_TIMEOUT = 1.0  # the daemon answers a begin in well under a millisecond when idle
@@ -74,9 +75,13 @@ def snapshot(state: Mapping[str, Any], step: int, *, timeout: float = BEGIN_TIME
     marks the slot incomplete and sizes its file; ``timeout`` s at most, plus the time to
     reserve the pages of a slot file that grows: once per slot), waiting for the
     previous snapshot's checksum of the slot about to be overwritten (two snapshots ago:
-    normally long done), and the copy of every tensor into the mapped slot (a memcpy for
-    host tensors; device tensors are copied to the host here, synchronously). When it
-    returns, ``state`` may change: the slot holds a copy. The checksum of the slot and the
+    normally long done), and the copy of every host tensor into the mapped slot (a memcpy).
+    Tensors on CUDA devices are only enqueued: copied asynchronously into the slot's
+    mapping, page-locked on the first snapshot into it, on each device's current stream
+    (after the kernels that made them, before any queued later; other devices' tensors
+    are copied synchronously). When it returns, ``state`` may change (on the host at
+    once; on a device through the current stream, as usual): the slot holds, or will hold,
+    a copy. Waiting for the device's copies, sealing and checksumming the slot and the
     ``snapshot_done`` message that makes it complete run in a background thread.
 
     True when the state was copied into a slot; False when no daemon supervises this
@@ -143,7 +148,7 @@ class _Snapshots:
         self.pid = os.getpid()
         self.slots = (_Slot(), _Slot())
         self.next = 0
-        self.jobs: queue.SimpleQueue[tuple[int, int, int]] = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[tuple[int, int, int, Copying | None]] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
         self.said: str | None = None  # the last line said on stderr: said once, not per step
         self.served: str | None = None  # how the last restore read its slot: "premapped" or "mapped"
@@ -178,14 +183,17 @@ class _Snapshots:
             return False
         try:
             writer = self._writer(slot, path, p.total)
-            writer.write(p, step)
+            copying = writer.write(p, step)
         except (OSError, SlotError) as e:
             self.say(f"snapshot of step {step} not written to {path}: {e}", key=str(e))
             return False
-        self.said = None
+        if writer.lock.failure is not None:
+            self.say(f"copies from the GPU into slot {number} wait for the device: {writer.lock.failure}")
+        else:
+            self.said = None
         slot.idle.clear()
         self._start()
-        self.jobs.put((number, step, p.total))
+        self.jobs.put((number, step, p.total, copying))
         self.next = 1 - number
         return True
 
@@ -214,10 +222,13 @@ class _Snapshots:
 
     def _work(self) -> None:
         while True:
-            number, step, nbytes = self.jobs.get()
+            number, step, nbytes, copying = self.jobs.get()
             slot = self.slots[number]
             try:
                 assert slot.writer is not None
+                if copying is not None:  # copies from a GPU: the slot is whole once they are done
+                    copying.wait()
+                    slot.writer.seal(nbytes, step)
                 digest = slotfile.checksum(slot.writer.mapping, nbytes)
                 self.client.send("snapshot_done", slot=number, step=step, bytes=nbytes, checksum=digest)
             except Exception as e:  # say it; the slot stays incomplete

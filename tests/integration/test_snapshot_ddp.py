@@ -22,6 +22,7 @@ DDP_SNAPSHOTS = str(RANKS / "ddp_snapshots.py")
 Start = Callable[..., Daemon]
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 STEPS, KILL_AT = 8, 4  # rank 1 dies in step 5, after step 4's snapshot
+GPU = Path("/dev/nvidiactl").exists()  # looked at without importing torch
 
 
 def _sums(out: Path, gen: int, rank: int) -> dict[int, str]:
@@ -29,11 +30,18 @@ def _sums(out: Path, gen: int, rank: int) -> dict[int, str]:
     return {int(step): digest for step, digest in (line.split() for line in lines)}
 
 
-def test_a_sigkilled_ddp_rank_resumes_from_memory_bit_for_bit(start: Start, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not GPU, reason="no GPU on this machine"))],
+)
+def test_a_sigkilled_ddp_rank_resumes_from_memory_bit_for_bit(
+    start: Start, tmp_path: Path, device: str
+) -> None:
+    # on cuda the state's copies from the device are asynchronous (supervisor/client/snapshot_cuda.py)
     out = tmp_path / "out"
     out.mkdir()
-    d = start("--nproc-per-node", "2", "--max-restarts", "1", DDP_SNAPSHOTS,
-              "--steps", str(STEPS), "--out", str(out), "--kill-at", str(KILL_AT))  # fmt: skip
+    d = start("--nproc-per-node", "2", "--max-restarts", "1", DDP_SNAPSHOTS, "--steps", str(STEPS),
+              "--out", str(out), "--kill-at", str(KILL_AT), "--device", device)  # fmt: skip
     assert d.wait(180) == 0, d.story()
     before = [_sums(out, 0, rank) for rank in (0, 1)]
     # the kill landed mid-run: both ranks completed the step before it, neither the next
