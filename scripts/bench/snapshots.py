@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,7 +47,8 @@ from _common import Launcher, become_subreaper, fmt
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-FT = str(Path(sys.executable).parent / "ft-supervisor")
+# the virtualenv's own, else the one on PATH (a GPU machine's, installed beside its torch)
+FT = shutil.which("ft-supervisor", path=str(Path(sys.executable).parent)) or "ft-supervisor"
 
 
 def run_rank(args: argparse.Namespace, out: Path, *, snapshots: bool = True) -> dict[str, Any] | None:

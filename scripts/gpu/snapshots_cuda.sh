@@ -28,7 +28,8 @@ fi
 stage "tests: the asynchronous copy, the DDP job resumed bit for bit (cuda)"
 timeout 200 python3 -m pytest -q -p no:cacheprovider -n 0 -rs tests/unit/test_snapshot_cuda.py \
     "tests/integration/test_snapshot_ddp.py::test_a_sigkilled_ddp_rank_resumes_from_memory_bit_for_bit[${DEVICE:-cuda}]" \
-    2>&1 | tail -25
+    > "$OUT/tests.txt" 2>&1
+grep -E "passed|failed|Error|error:|^E " "$OUT/tests.txt" | tail -30
 
 stage "bench: snapshot() on the training thread, the step with and without, restore()"
 timeout 330 python3 scripts/bench/snapshots.py --device "${DEVICE:-cuda}" --sizes "${SIZES:-100,1024,11444}" \

@@ -15,6 +15,7 @@ torch is looked up in ``sys.modules``, never imported here.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +63,9 @@ class PageLock:
             except (RuntimeError, AssertionError, AttributeError) as e:
                 self.failure = f"{type(e).__name__}: {e}"
             else:
-                self.failure = None if error == 0 else f"cudaHostRegister failed (cudaError {error})"
+                if error != 0:  # (1: the mapping is not of memory CUDA can lock, a disk file's)
+                    self.failure = f"cudaHostRegister failed (cudaError {error})"
+                    _clear_last_error()
             self.address = address if self.failure is None else None
         return self.address is not None
 
@@ -72,3 +75,15 @@ class PageLock:
             with contextlib.suppress(Exception):  # the process or its CUDA context is going
                 torch.cuda.cudart().cudaHostUnregister(self.address)
             self.address = None
+
+
+def _clear_last_error() -> None:
+    """Reset the CUDA runtime's last error a refused registration left: torch checks it
+    after its own calls and would raise it from the next one (the training's). torch's
+    cudart binding has no cudaGetLastError: called in the library torch loaded."""
+    with contextlib.suppress(OSError, AttributeError), open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if "/libcudart.so" in path:
+                ctypes.CDLL(path).cudaGetLastError()
+                return

@@ -7,6 +7,9 @@ parameter."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,14 @@ def torch() -> Any:
     return torch
 
 
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    """Where the daemon keeps slots: shared memory, which CUDA can page-lock (a disk file it cannot)."""
+    path = Path(tempfile.mkdtemp(prefix="ft-test-cuda-", dir="/dev/shm"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _writer(path: Path, p: slotfile.Plan) -> slotfile.Writer:
     with path.open("ab") as f:
         f.truncate(p.total)
@@ -38,13 +49,11 @@ def _seal(writer: slotfile.Writer) -> tuple[int, int]:
     return SEAL.unpack_from(writer.mapping, HEADER.size)  # type: ignore[return-value]
 
 
-def test_the_copy_is_queued_behind_the_kernels_and_ahead_of_a_later_update(
-    torch: Any, tmp_path: Path
-) -> None:
+def test_the_copy_is_queued_behind_the_kernels_and_ahead_of_a_later_update(torch: Any, shm: Path) -> None:
     t = torch.full((1024, 1024), 1.0, device="cuda")
     state = {"w": t}
     p = slotfile.plan(state)
-    writer = _writer(tmp_path / "rank0.0", p)
+    writer = _writer(shm / "rank0.0", p)
     try:
         torch.cuda._sleep(SPIN)  # the device is busy for ~1 s with work queued before the snapshot
         t.add_(1.0)  # queued too: the snapshot must hold 2.0
@@ -58,7 +67,7 @@ def test_the_copy_is_queued_behind_the_kernels_and_ahead_of_a_later_update(
         writer.seal(p.total, 5)
         assert _seal(writer) == (6, p.total)
         digest = slotfile.checksum(writer.mapping, p.total)
-        step, back, _ = slotfile.read_slot(str(tmp_path / "rank0.0"), p.total, digest, 5)
+        step, back, _ = slotfile.read_slot(str(shm / "rank0.0"), p.total, digest, 5)
         assert step == 5 and torch.equal(back["w"], torch.full((1024, 1024), 2.0))
         assert torch.equal(t.cpu(), torch.full((1024, 1024), 42.0))
     finally:
@@ -66,7 +75,7 @@ def test_the_copy_is_queued_behind_the_kernels_and_ahead_of_a_later_update(
     assert writer.lock.address is None
 
 
-def test_every_dtype_and_layout_comes_back_bit_for_bit(torch: Any, tmp_path: Path) -> None:
+def test_every_dtype_and_layout_comes_back_bit_for_bit(torch: Any, shm: Path) -> None:
     g = torch.Generator(device="cuda").manual_seed(7)
     base = torch.randn(257, 129, device="cuda", generator=g)
     state = {
@@ -81,7 +90,7 @@ def test_every_dtype_and_layout_comes_back_bit_for_bit(torch: Any, tmp_path: Pat
         "step": 9,
     }
     p = slotfile.plan(state)
-    path = tmp_path / "rank0.1"
+    path = shm / "rank0.1"
     writer = _writer(path, p)
     try:
         for step in (1, 2):  # the second into the same mapping: locked once
@@ -100,3 +109,24 @@ def test_every_dtype_and_layout_comes_back_bit_for_bit(torch: Any, tmp_path: Pat
         got = back[key]
         assert got.device.type == "cpu" and got.dtype == value.dtype and got.shape == value.shape, key
         assert torch.equal(got, value.cpu()), key
+
+
+def test_memory_cuda_cannot_lock_takes_a_synchronous_copy_and_leaves_no_error(
+    torch: Any, tmp_path: Path
+) -> None:
+    # a file on disk: cudaHostRegister refuses it, and leaves the refusal as CUDA's last
+    # error, which torch would raise from the training's next call unless it is cleared
+    t = torch.arange(4096.0, device="cuda")
+    p = slotfile.plan({"w": t})
+    writer = _writer(tmp_path / "rank0.0", p)
+    try:
+        assert writer.write(p, 3) is None  # copied at once, sealed
+        assert writer.lock.address is None and writer.lock.failure, writer.lock.failure
+        assert _seal(writer) == (4, p.total)
+        assert (t * 2).sum().item() == 4095.0 * 4096  # the device still works: no error left behind
+        torch.cuda.synchronize()
+        digest = slotfile.checksum(writer.mapping, p.total)
+    finally:
+        writer.close()
+    _, back, _ = slotfile.read_slot(str(tmp_path / "rank0.0"), p.total, digest, 3)
+    assert torch.equal(back["w"], t.cpu())
