@@ -22,7 +22,9 @@ stage "install"
 if [ -d .whl ] && [ "${INSTALL:-1}" = 1 ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .whl/*.whl || exit 1
-    export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH
+    # a .pth, not PYTHONPATH: the bench gives its processes a PYTHONPATH of its own
+    echo /tmp/site > "$(python3 -c 'import site; print(site.getsitepackages()[0])')/ft-gpu-site.pth"
+    export PYTHONPATH=$PWD PATH=/tmp/site/bin:$PATH
 fi
 
 stage "tests: the asynchronous copy, the DDP job resumed bit for bit (cuda)"
