@@ -7,7 +7,8 @@ sealed, and checksummed, once the copies are done: off the training thread.
 
 What the training thread still waits for: flattening the state and enqueuing one copy per
 tensor (a non-contiguous tensor is first made contiguous on its device), and the first
-snapshot into a slot page-locks it (once per mapping). On the device the copies share the
+snapshot into a slot page-locks it (once per mapping; CUDA first waits for the device's
+queued work, as for any page-locking). On the device the copies share the
 stream with the training's kernels: their time is the PCIe transfer of the state.
 torch is looked up in ``sys.modules``, never imported here.
 """

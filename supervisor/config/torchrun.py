@@ -283,8 +283,12 @@ def pet_default(action: argparse.Action) -> None:
 def add_options(group: Any, options: Sequence[TorchrunOption], ours: Mapping[str, Mapping[str, Any]]) -> None:
     """Declare ``options`` as torch does (spellings, value or flag, choices, type,
     PET_* defaults), with ``ours`` (help, and where our meaning differs, default,
-    type or action) laid over them, option by option."""
-    for opt in options:
+    type or action) laid over them, option by option. Options of the pinned torch that
+    an older torch's parser lacks are declared too, unlisted: the run reads them, and
+    ft-supervisor applies them whatever the ranks' torch."""
+    declared = {opt.dest for opt in options}
+    older = [opt for opt in TABLE if opt.dest not in declared]
+    for opt in (*options, *older):
         kw: dict[str, Any]
         if opt.flag:
             kw = {"action": "store_true"}
@@ -295,6 +299,8 @@ def add_options(group: Any, options: Sequence[TorchrunOption], ours: Mapping[str
         if opt.dest not in KNOWN:  # a newer torch's
             kw["help"] = "an option of the ranks' torch unknown to ft-supervisor: accepted, not applied"
         kw.update(ours.get(opt.dest, {}))
+        if opt.dest not in declared:
+            kw["help"] = argparse.SUPPRESS
         action = group.add_argument(*opt.flags, dest=opt.dest, **kw)
         if opt.env:
             pet_default(action)

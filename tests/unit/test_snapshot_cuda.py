@@ -55,6 +55,9 @@ def test_the_copy_is_queued_behind_the_kernels_and_ahead_of_a_later_update(torch
     p = slotfile.plan(state)
     writer = _writer(shm / "rank0.0", p)
     try:
+        first = writer.write(p, 4)  # the first into a mapping page-locks it: CUDA waits for the device then
+        assert first is not None
+        first.wait()
         torch.cuda._sleep(SPIN)  # the device is busy for ~1 s with work queued before the snapshot
         t.add_(1.0)  # queued too: the snapshot must hold 2.0
         copying = writer.write(p, 5)

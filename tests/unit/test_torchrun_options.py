@@ -141,6 +141,23 @@ def test_an_option_of_a_newer_torch_is_accepted_and_reported(tmp_path: Path) -> 
     assert found == (("--new-knob 3", "an option of torch 9.0.0 unknown to ft-supervisor: not applied"),)
 
 
+def test_an_older_torch_without_an_option_of_ours_still_builds_a_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch 2.11's torchrun has no --shutdown-timeout (found running the ranks' own torch on
+    # a GPU machine): the run took an AttributeError; now the option is ours whatever torch
+    older = torchrun.Options(
+        "2.11.0", tuple(o for o in torchrun.TABLE if o.dest != "shutdown_timeout"), "test"
+    )
+    monkeypatch.setattr(torchrun, "installed", lambda *_: older)
+    script = tmp_path / "train.py"
+    script.write_text("")
+    parser = build_parser()
+    assert build_run_config(parser.parse_args(["run", str(script)]), {}).shutdown_timeout == 30.0
+    ns = parser.parse_args(["run", "--shutdown-timeout", "5", str(script)])
+    assert build_run_config(ns, {}).shutdown_timeout == 5.0
+
+
 def test_another_torch_is_asked_once_then_cached(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, asked_torch: Path
 ) -> None:
