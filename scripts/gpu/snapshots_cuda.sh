@@ -33,6 +33,12 @@ timeout 200 python3 -m pytest -q -p no:cacheprovider -n 0 -rs tests/unit/test_sn
     > "$OUT/tests.txt" 2>&1
 grep -E "passed|failed|Error|error:|^E " "$OUT/tests.txt" | tail -30
 
+[ "${BENCH:-1}" = 0 ] && { stage "done"; exit 0; }
+if [ "${BENCH}" = slots ]; then  # restore() of 1 GB without the daemon: mapped, and premapped
+    timeout 200 python3 scripts/bench/snapshots.py --layer slots --device "${DEVICE:-cuda}" --sizes 100 \
+        --rounds 1 --steps 5 --restore-mb 1024 --timeout 190 --out /tmp/snapslots
+    stage "done"; exit 0
+fi
 stage "bench: snapshot() on the training thread, the step with and without, restore()"
 timeout 330 python3 scripts/bench/snapshots.py --device "${DEVICE:-cuda}" --sizes "${SIZES:-100,1024,11444}" \
     --rounds 2 --steps 10 --step-ms 200 --restore-mb 1024 --no-baseline --snapshot-memory 0.6 \

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,15 +59,23 @@ def test_the_copy_is_queued_behind_the_kernels_and_ahead_of_a_later_update(torch
         first = writer.write(p, 4)  # the first into a mapping page-locks it: CUDA waits for the device then
         assert first is not None
         first.wait()
+        began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        began.record()
         torch.cuda._sleep(SPIN)  # the device is busy for ~1 s with work queued before the snapshot
+        ended.record()
         t.add_(1.0)  # queued too: the snapshot must hold 2.0
+        called = time.perf_counter()
         copying = writer.write(p, 5)
+        call_ms = (time.perf_counter() - called) * 1000
+        pending = not copying.done() if copying is not None else None
         t.add_(40.0)  # after the call: must not reach the slot
         assert copying is not None, "a CUDA tensor's copy was synchronous"
         assert writer.lock.address is not None and writer.lock.failure is None
-        assert not copying.done(), "write() waited for the device"
-        assert _seal(writer) == (0, 0), "sealed before the copy was done"
         copying.wait()
+        spin_ms = began.elapsed_time(ended)
+        # the call returned while the device still spun: it did not wait for it
+        assert call_ms < spin_ms / 2 and pending, (call_ms, spin_ms, pending)
+        assert _seal(writer) == (0, 0), "sealed before the copy was done"
         writer.seal(p.total, 5)
         assert _seal(writer) == (6, p.total)
         digest = slotfile.checksum(writer.mapping, p.total)
