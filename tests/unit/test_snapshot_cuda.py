@@ -59,6 +59,8 @@ def test_the_copy_is_queued_behind_the_kernels_and_ahead_of_a_later_update(torch
         first = writer.write(p, 4)  # the first into a mapping page-locks it: CUDA waits for the device then
         assert first is not None
         first.wait()
+        t.add_(0.0)  # the first launch of a kernel loads it (CUDA's lazy loading), waiting for the device
+        torch.cuda.synchronize()
         began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         began.record()
         torch.cuda._sleep(SPIN)  # the device is busy for ~1 s with work queued before the snapshot
