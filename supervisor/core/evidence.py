@@ -7,7 +7,7 @@ classifiers read it; the policy decides from what they made of it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from supervisor.core.types import RankFailure
@@ -81,3 +81,19 @@ def part_of(
     if state == "failed" or failed_first or hung:
         return Part.FAILED
     return Part.BYSTANDER if exit_code == 0 else Part.STOPPED
+
+
+def root_first(evidence: Evidence, rank: int | None) -> Evidence:
+    """``evidence`` with ``rank``'s failure first, the root cause the classification
+    named: a rank's own failure before the reset a peer read because of it, whichever
+    came first in time. A stopped rank named (the peer a reset blames, caught on its
+    way out) joins ``failures``; a rank with no failure here leaves them as they are."""
+    named = [f for f in (*evidence.failures, *evidence.stopped) if f.exit.rank == rank][:1]
+    if not named or (evidence.failures and evidence.failures[0] is named[0]):
+        return evidence
+    root = named[0]
+    return replace(
+        evidence,
+        failures=(root, *(f for f in evidence.failures if f is not root)),
+        stopped=tuple(f for f in evidence.stopped if f is not root),
+    )

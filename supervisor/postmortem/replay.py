@@ -39,7 +39,7 @@ from typing import Any
 
 from supervisor.core.classify import Classification
 from supervisor.core.errorfile import order_failures
-from supervisor.core.evidence import Evidence, Part, WorkloadRequest, part_of
+from supervisor.core.evidence import Evidence, Part, WorkloadRequest, part_of, root_first
 from supervisor.core.job_verdict import desync_decision
 from supervisor.core.jobwide import FREE_REASONS, NodeOutcome, spends_budget
 from supervisor.core.policy import Budget, History, Past, Policy, decide
@@ -294,6 +294,7 @@ class _Judge:
                 c = self.registry.classify(evidence)
                 decision = decide(evidence, c, self.history, budget, now, policy=policy)
                 self.history = self.history.add(Past.of(evidence, c, now))
+                evidence = root_first(evidence, c.rank)
             else:
                 decision = decide(evidence, NOTHING, self.history, budget, now, policy=policy)
             # the job's blame found a desync: its abort stands for this node's judgement, as the daemon's

@@ -278,3 +278,35 @@ def test_exhausted_restarts_print_the_root_cause_from_the_error_file(tmp_path: P
     assert "error file:" in err  # the @record traceback, not just an exit code
     assert 'raise ValueError("boom from rank 1")' in err
     assert reason_of(run.rundir)["root_cause"]["rank"] == 1
+
+
+def test_the_root_cause_printed_is_the_rank_whose_own_error_caused_its_peers(tmp_path: Path) -> None:
+    """Rank 1 raises; its ``finally`` closes the process group and rank 0 reads the reset
+    and reports it first, then exits first; rank 1, slow to exit, is stopped. The
+    classification names rank 1 (its own error over a reset), and so must the printed
+    root cause and reason.json (they named rank 0: what scripts/train.py --plain showed)."""
+    reset = "[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:3475: Connection reset by peer"
+    own = "injected fault at step 3 on rank 1"
+
+    async def peer_reset_first(r: Rank) -> int | None:
+        r.hello()
+        await r.train(3)
+        if r.rank == 0:  # its error file and report first, then its exit
+            r.send("exception", exc_type="RuntimeError", message=reset, traceback="", causes=[], pid=r.pid)
+            code = r.raise_("RuntimeError", reset)
+            await r.sleep(0.5)
+            return code
+        await r.sleep(0.05)
+        r.send("exception", exc_type="RuntimeError", message=own, traceback="", causes=[], pid=r.pid)
+        r.raise_("RuntimeError", own)  # its error file and traceback, then slow to exit
+        await r.hang()
+        return None
+
+    with console() as said:
+        run = supervise(tmp_path, peer_reset_first, "--max-restarts", "0")
+    assert run.code == 2, run.story()
+    assert [(e["rank"], e["rule"]) for e in run.named("decision")] == [(1, "P9")]
+    assert "root cause: rank 1 (local rank 1" in said.text, said.text
+    assert "also failed: rank 0" in said.text
+    reason = reason_of(run.rundir)
+    assert reason["root_cause"]["rank"] == 1 and reason["failures"][0]["rank"] == 1

@@ -22,7 +22,7 @@ from supervisor.core.catalogue import generation as ev
 from supervisor.core.catalogue.generation import PluginFailed, PluginsLoaded
 from supervisor.core.classify import Classification
 from supervisor.core.errorfile import order_failures
-from supervisor.core.evidence import Evidence, Part, part_of
+from supervisor.core.evidence import Evidence, Part, part_of, root_first
 from supervisor.core.next_step import Basis, GenerationEnd, basis_of, without_evidence
 from supervisor.core.policy import Budget, History, Past, Policy, decide
 from supervisor.core.states import GroupResult, RankState
@@ -154,6 +154,7 @@ def judge(
         assert classification is not None
         decision = decide(evidence, classification, memory.history, memory.budget, now, policy=policy)
         memory = replace(memory, history=memory.history.add(Past.of(evidence, classification, now)))
+        evidence = root_first(evidence, classification.rank)  # what every record names first
         plugins.decided(evidence, classification, decision)
     else:  # only requests: nothing failed
         classification = None
