@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-import xxhash
 
 from supervisor.client import snapshot_cuda
+from supervisor.client.checksum_pool import checksum as checksum  # noqa: PLC0414 (re-exported: what the daemon records)
 from supervisor.core.memory_snapshots import HEADER, HEADER_SIZE, MAGIC, SEAL
 
 ALIGN = 64
@@ -225,12 +225,6 @@ class Writer:
             self.lock.release(sys.modules["torch"])
         self._torch_view = self._numpy_view = None
         _drop(self.mapping)
-
-
-def checksum(buffer: Any, nbytes: int) -> str:
-    """xxh3_64 (hex) of the first ``nbytes`` bytes: what the daemon records for a slot."""
-    with memoryview(buffer) as view, view[:nbytes] as head:
-        return str(xxhash.xxh3_64_hexdigest(head))
 
 
 def map_for_writing(path: str, nbytes: int) -> mmap.mmap:

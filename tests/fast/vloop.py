@@ -19,7 +19,7 @@ from supervisor.clock import Clock
 
 START = 1e9  # beyond any real uptime: the kernel log's real lines are never "since" a virtual time
 # threads that live for the whole test and idle (they are not work in progress)
-RESIDENT = ("asyncio_", "ThreadPoolExecutor", "console", "MainThread", "ft-checkpoints")
+RESIDENT = ("asyncio_", "ThreadPoolExecutor", "console", "MainThread", "ft-checkpoints", "ft-checksum-pool")
 REAL_WAIT = 0.002  # seconds of real time to let a working thread or a pipe deliver
 
 

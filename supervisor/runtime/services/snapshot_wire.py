@@ -16,9 +16,9 @@ import os
 from typing import Any
 
 import orjson
-import xxhash
 
 from supervisor.core.job_snapshots import MAX_HEADER
+from supervisor.core.snapshot_checksum import SlotDigest
 
 CHUNK = 1 << 20  # bytes a read or write of a replica moves at once
 # a stream's buffer: a few chunks (asyncio's default, 64 KiB, stops and resumes reading
@@ -70,8 +70,9 @@ def write_chunk(fd: int, offset: int, data: bytes, digest: Any) -> None:
 
 
 async def receive_into(reader: asyncio.StreamReader, fd: int, nbytes: int, timeout: float) -> str:
-    """Read ``nbytes`` from the stream into ``fd`` from offset 0; the xxh3_64 (hex) of them."""
-    digest = xxhash.xxh3_64()
+    """Read ``nbytes`` from the stream into ``fd`` from offset 0; their checksum (hex), the
+    client's (``core.snapshot_checksum``)."""
+    digest = SlotDigest()
     done = 0
     while done < nbytes:
         want = min(CHUNK, nbytes - done)
