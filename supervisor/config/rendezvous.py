@@ -116,5 +116,17 @@ class RdzvConfig:
         return float(self.seconds("keep_alive_interval") * self.seconds("keep_alive_max_attempt"))
 
     @property
+    def keep_alive_deadline(self) -> int:
+        """Seconds a keep-alive may take to land (torch's ``heartbeat_timeout``): as given,
+        else half the keep-alive interval, at least torch's 5 s. Every keep-alive rewrites the
+        one shared state by compare-and-set; with hundreds of nodes, writers that lose retry,
+        and torch's fixed 5 s failed them at rest, while a node is called dead only after
+        ``keep_alive_bound`` seconds."""
+        given = self.conf.get("heartbeat_timeout")
+        if given is not None:
+            return int(given)
+        return max(self.seconds("heartbeat_timeout"), self.seconds("keep_alive_interval") // 2)
+
+    @property
     def dynamic(self) -> bool:
         return self.backend != "static"

@@ -242,6 +242,7 @@ class TorchRendezvous:
             conf["rank"] = cfg.node_rank
         else:
             conf[_TUNING] = Tuning(PACE, clock)
+            conf["heartbeat_timeout"] = cfg.keep_alive_deadline
         self._params = RendezvousParameters(
             backend=NAMES.get(cfg.backend, cfg.backend),
             endpoint=cfg.endpoint,

@@ -352,3 +352,21 @@ def test_each_node_keeps_alive_at_its_own_phase_not_all_at_once(
     assert all(time.time() - snap.heartbeats[who] < 2.5 for who in snap.participants)  # nobody stale
     for node in nodes:
         node.close()
+
+
+@pytest.mark.parametrize(
+    ("given", "seconds"),
+    [
+        ({"keep_alive_interval": "60"}, 30),
+        ({"keep_alive_interval": "1"}, 5),
+        ({"keep_alive_interval": "60", "heartbeat_timeout": "7"}, 7),
+    ],
+)
+def test_a_keep_alive_may_take_half_its_interval(
+    endpoint: str, made: Make, given: dict[str, str], seconds: int
+) -> None:
+    # torch's fixed 5 s failed hundreds of keep-alives at rest at 1,024 nodes (scale.py):
+    # writers contend for the one state, and a node is called dead only after interval x attempts
+    conf = {"is_host": "0", **given}
+    node = made(RdzvConfig("c10d", endpoint, f"hb{seconds}", 1, 1, local_addr="127.0.0.1", conf=conf))
+    assert node._handler.settings.timeout.heartbeat.total_seconds() == seconds
