@@ -55,9 +55,10 @@ torch's keep-alive is its own: every ``keep_alive_interval`` each node rewrites 
 whole rendezvous state by compare-and-set. torch starts every node's timer when the
 round completes, so the whole job wrote at once (``supervisor/coord/keepalive.py``
 now starts each node's at a random phase). The table counts the keep-alives that
-failed (torch's 5 s heartbeat timeout) at rest and in the whole run: the failure
+failed (past their deadline, ``heartbeat_timeout``: torch's fixed 5 s until the daemon
+made it half the keep-alive interval) at rest and in the whole run: the failure
 round saturates this machine's two cores with N nodes' work, and a keep-alive
-thread that waits past 5 s for a core fails there, not in a real job.
+thread that waits past its deadline for a core fails there, not in a real job.
 
 The nodes' CPU at rest, divided by ``N``, is a node's daemon CPU for the rendezvous,
 torch's keep-alive thread included. Runs of different ``N`` are interleaved;
