@@ -263,14 +263,16 @@ class Trainer:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     dist.init_process_group(args.backend)
-    try:
-        trainer = Trainer(args)
-        loss = trainer.train()
-        trainer._milestone("done", loss=loss)
-        if trainer.rank == 0:
-            print(f"training finished: {args.steps} steps, final loss {loss:.4f}", flush=True)
-    finally:
-        dist.destroy_process_group()
+    trainer = Trainer(args)
+    loss = trainer.train()
+    trainer._milestone("done", loss=loss)
+    if trainer.rank == 0:
+        print(f"training finished: {args.steps} steps, final loss {loss:.4f}", flush=True)
+    # On success only. A rank that raises keeps its process group until it exits, after
+    # @record wrote its error file: destroyed on the way out (a `finally`), it would fail
+    # its peers' pending all_reduce first, and a peer's error file could then be written
+    # before the failing rank's own, naming the peer the root cause (seen with --plain).
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

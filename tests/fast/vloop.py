@@ -91,7 +91,7 @@ class LoopClock(Clock):
     when read from a worker thread), wall time moves with it."""
 
     def __init__(self, loop: VirtualTimeLoop) -> None:
-        object.__setattr__(self, "loop", loop)  # Clock is frozen
+        self.loop = loop
 
     def monotonic(self) -> float:
         return self.loop.time()  # type: ignore[attr-defined, no-any-return]

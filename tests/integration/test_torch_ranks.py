@@ -156,7 +156,11 @@ def test_crash_restart_resume_finish_and_the_daemon_never_loads_torch(start: Sta
 
 def test_a_failure_prints_the_root_cause_from_the_error_file(start: Start) -> None:
     """torch's own ``@record`` writes the error file the root cause is printed from. The
-    budget running out over it, on the same file format, is tests/fast/test_classification.py's."""
+    budget running out over it, on the same file format, is tests/fast/test_classification.py's.
+    ``--plain``: DDP is not the point (its set-up imports torch._dynamo, ~2 CPU-s a rank). Rank
+    0 then waits in a plain all_reduce, which fails the moment rank 1's process group goes:
+    train.py keeps it until rank 1 exits, after @record wrote its error file, so the earliest
+    error file is rank 1's on a loaded machine too (destroyed in a ``finally``, it was not)."""
     d = start(
         "--nproc-per-node",
         "2",
@@ -171,6 +175,7 @@ def test_a_failure_prints_the_root_cause_from_the_error_file(start: Start) -> No
         "3",
         "--crash-generations",
         "all",
+        "--plain",
     )
     assert d.wait(timeout=120) == 2  # a Python error: deterministic, abort
     err = d.stderr()
