@@ -24,11 +24,9 @@ The rules, the first that names someone decides:
    restart fixes). The ranks that differ from the most common call are named. A rank
    whose receive caught a size mismatch (gloo: "8 vs 4. Received data size doesn't
    match") held the smaller buffer: it counts for the smallest call; with no majority
-   still, every rank of the tied calls is named (none favoured by its number). Sizes
-   are compared only for collectives whose inputs must agree (all_reduce, all_gather,
-   ...). When a rank said its collective did not match but the dumps show no mismatch
-   (the ranks that could tell exited first), the ranks that blamed no peer are named:
-   a rank whose line blames a peer (the mismatch, a reset by the peer) is a witness.
+   still, every rank of the tied calls is named (none favoured by its number). Sizes are
+   compared only where the inputs must agree. A caught mismatch that the dumps do not
+   show (the ranks that could tell exited first): ``_witnessed``.
 2. ``wavefront``: in a group, ranks that enqueued fewer collectives than the
    group's furthest rank are behind; one behind that itself waits at the front of
    another group's collectives is not the cause, the chain is followed to the ranks
@@ -217,27 +215,29 @@ def _desync(ranks: Mapping[int, RankState]) -> tuple[list[int], Mismatch | None,
 
 
 def _witnessed(ranks: Mapping[int, RankState], saw: Mapping[int, str]) -> tuple[list[int], None, str] | None:
-    """A rank said the collective did not match, and the dumps show no mismatch (the ranks
-    that could tell exited first): the ranks that blamed nobody are named (every rank whose
-    line blames a peer, the mismatch or a reset by the peer, is a witness), else those whose
-    dump is left and who did not catch the mismatch."""
+    """A rank caught a mismatch; the calls the dumps show agree (the ranks that could tell
+    exited first). Two or more agreeing at the front show the common call: the culprit is a
+    rank whose call there is unknown, never the catcher (it received the odd data), or the
+    catcher when every other call is known. With one call known (maybe the odd one): the
+    dumped ranks that blamed no peer, else every dumped one (a reset hits the culprit too)."""
     if not saw:
         return None
-    witnesses = sorted(r for r, s in ranks.items() if s.witness is not None)
-    rest = [r for r, s in ranks.items() if s.witness is None and s.where not in ("gone", "ended", "unknown")]
-    # failing any, the ranks whose dump is left: the culprit's own collective may have been reset too
-    named = (sorted(r for r in rest if ranks[r].groups is not None) or sorted(rest)
-             or sorted(r for r, st in ranks.items() if st.groups is not None and r not in saw))  # fmt: skip
+    fronts = {r: g.enqueued.seq for r, st in ranks.items() for g in st.groups or ()
+              if g.name == DEFAULT_GROUP and g.enqueued is not None}  # fmt: skip
+    known = sorted(r for r, seq in fronts.items() if seq == max(fronts.values()))
+    dumped = [r for r in sorted(ranks) if ranks[r].groups is not None and r not in saw]
+    if len(known) >= 2:
+        unknown = sorted(r for r in ranks if r not in known and r not in saw)
+        named, why = unknown or sorted(saw), f"rank(s) {_list(known)} agree at the front"
+    else:
+        named, why = [r for r in dumped if ranks[r].witness is None] or dumped, "one call known"
     if not named:
         return None
-    fronts = "; ".join(f"rank {r}: {_front(ranks[r])}" for r in named)
-    return named, None, (f"rank(s) {_list(saw)} said a peer's collective did not match theirs "
-                         f"({saw[min(saw)]}); rank(s) {_list(witnesses)} blamed a peer; rank(s) "
-                         f"{_list(named)} did not: {fronts}")  # fmt: skip
+    where = "; ".join(f"rank {r}: {_front(ranks[r])}" for r in named)
+    return named, None, f"rank(s) {_list(saw)} caught a mismatch ({saw[min(saw)]}); {why}: {where}"
 
 
-# "op.preamble.length <= op.nbytes. 8 vs 4. Received data size doesn't match expected size"
-_GLOO_SIZE = re.compile(r"(\d+) vs (\d+)\. Received data size", re.IGNORECASE)
+_GLOO_SIZE = re.compile(r"(\d+) vs (\d+)\. Received data size", re.IGNORECASE)  # got 8 bytes, wanted 4
 
 
 def _held_smaller(line: str) -> bool:
