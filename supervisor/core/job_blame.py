@@ -21,9 +21,12 @@ The rules, the first that names someone decides:
 
 1. ``desync``: at the same sequence number of a group, ranks issued different
    collectives, or the same one with different input sizes (a program error no
-   restart fixes). The ranks that differ from the most common call are named
-   (on a tie, from the lowest rank's call). Sizes are compared only for
-   collectives whose inputs must agree (all_reduce, broadcast, all_gather, ...).
+   restart fixes). The ranks that differ from the most common call are named. A rank
+   whose receive caught a size mismatch (gloo: "8 vs 4. Received data size doesn't
+   match") held the smaller buffer: it counts for the smallest call; with no majority
+   still, every rank of the tied calls is named (none favoured by its number). Sizes are
+   compared only where the inputs must agree. A caught mismatch that the dumps do not
+   show (the ranks that could tell exited first): ``_witnessed``.
 2. ``wavefront``: in a group, ranks that enqueued fewer collectives than the
    group's furthest rank are behind; one behind that itself waits at the front of
    another group's collectives is not the cause, the chain is followed to the ranks
@@ -51,12 +54,14 @@ rank, a collective type or size mismatch.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.core.node_summary import PLACES, Call, NodeSummary, RankState
+from supervisor.core.notable import says_mismatch
 
 DEFAULT_GROUP = "0"  # the default process group's name in every dump: the whole job
 # collectives whose ranks must pass inputs of the same shapes
@@ -110,12 +115,17 @@ def job_blame(summaries: Iterable[NodeSummary], expected_nodes: Mapping[int, Seq
     """Name the culprit ranks and nodes of one incident from every node's summary."""
     by_node = _one_per_node(summaries)
     ranks: dict[int, RankState] = {}
-    node_of = {r: n for n, rs in sorted(expected_nodes.items()) for r in rs}
+    node_of: dict[int, int] = {}
     for n, s in by_node.items():
         for r in s.ranks:
             if r.rank not in ranks:  # a rank reported twice: the lower node's word
-                ranks[r.rank] = r
-                node_of.setdefault(r.rank, n)
+                ranks[r.rank], node_of[r.rank] = r, n
+    # a node's own summary says which ranks it runs (nodes may run different numbers of
+    # ranks); the expected layout only places the ranks nobody reported
+    expected_nodes = {n: [r for r in rs if r not in node_of] for n, rs in expected_nodes.items()}
+    for n, rs in sorted(expected_nodes.items()):
+        for rank in rs:
+            node_of.setdefault(rank, n)
     silent = tuple(sorted(set(expected_nodes) - set(by_node)))
     expected = sorted({r for rs in expected_nodes.values() for r in rs} | set(ranks))
     waiting = tuple(sorted(r.rank for r in ranks.values() if _waits(r)))
@@ -164,30 +174,98 @@ Found = tuple[list[int], str] | None
 # ---- 1. desync ----
 
 
-def _desync(ranks: Mapping[int, RankState]) -> tuple[list[int], Mismatch, str] | None:
+def _desync(ranks: Mapping[int, RankState]) -> tuple[list[int], Mismatch | None, str] | None:
     calls: dict[tuple[str, int], dict[int, Call]] = {}
     for r in sorted(ranks):
         for g in ranks[r].groups or ():
             for c in (g.completed, g.started, g.enqueued):  # the latest word on a seq last
                 if c is not None and c.op is not None:
                     calls.setdefault((g.name, c.seq), {})[r] = c
+    saw = {r: s.witness for r, s in ranks.items() if s.witness is not None and says_mismatch(s.witness)}
     for (group, seq), by_rank in sorted(calls.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         kinds = {r: _kind(c) for r, c in by_rank.items()}
         if len(set(kinds.values())) < 2:
             continue
-        counts = Counter(kinds.values())
-        lowest = {k: min(r for r, v in kinds.items() if v == k) for k in counts}
-        expected = min(counts, key=lambda k: (-counts[k], lowest[k]))
-        odd = sorted(r for r, k in kinds.items() if k != expected)
+        votes = Counter(kinds.values())
+        # a rank whose receive caught the mismatch (and left no call of its own here) held
+        # the smaller buffer of it: its vote goes to the smallest call (gloo's size check)
+        sizes = {k: _elements(k) for k in votes}
+        if len({k[0] for k in votes}) == 1 and None not in sizes.values():
+            smallest = min(votes, key=lambda k: (sizes[k], repr(k)))
+            votes[smallest] += sum(1 for r, line in saw.items() if r not in by_rank and _held_smaller(line))
+        top = max(votes.values())
+        common = [k for k, n in votes.items() if n == top]
+        # no majority: every rank of the tied calls is named, none favoured by its number
+        odd = sorted(r for r, k in kinds.items() if k not in common or len(common) > 1)
         m = Mismatch(group, seq, tuple((r, c.op, _shape(c), c.at) for r, c in sorted(by_rank.items())))
-        want, got = by_rank[lowest[expected]], by_rank[odd[0]]
+        if len(common) > 1:
+            said = "; ".join(f"rank {r} called {c.op} {_shape(c)}{_site(c)}" for r, c in by_rank.items())
+            return odd, m, f"group {group} collective #{seq}, no majority: {said}"
+        want = by_rank[min(r for r, k in kinds.items() if k == common[0])]
+        got = by_rank[odd[0]]
         detail = (
             f"group {group} collective #{seq}: rank(s) {_list(odd)} called {got.op} {_shape(got)}"
             f"{_site(got)} where rank(s) {_list(r for r in kinds if r not in odd)} called "
             f"{want.op} {_shape(want)}{_site(want)}"
         )
+        if any(r not in by_rank for r in saw):
+            detail += f"; rank(s) {_list(r for r in saw if r not in by_rank)} caught the mismatch"
         return odd, m, detail
-    return None
+    return _witnessed(ranks, saw)
+
+
+def _witnessed(ranks: Mapping[int, RankState], saw: Mapping[int, str]) -> tuple[list[int], None, str] | None:
+    """A rank caught a mismatch; the calls the dumps show agree (the ranks that could tell
+    exited first). Two or more agreeing at the front show the common call: the culprit is a
+    rank whose call there is unknown, never the catcher (it received the odd data), or the
+    catcher when every other call is known. With one call known (maybe the odd one): the
+    dumped ranks that blamed no peer, else every dumped one (a reset hits the culprit too)."""
+    if not saw:
+        return None
+    fronts = {r: g.enqueued.seq for r, st in ranks.items() for g in st.groups or ()
+              if g.name == DEFAULT_GROUP and g.enqueued is not None}  # fmt: skip
+    known = sorted(r for r, seq in fronts.items() if seq == max(fronts.values()))
+    dumped = [r for r in sorted(ranks) if ranks[r].groups is not None and r not in saw]
+    if len(known) >= 2:
+        unknown = sorted(r for r in ranks if r not in known and r not in saw)
+        named, why = unknown or sorted(saw), f"rank(s) {_list(known)} agree at the front"
+    else:
+        named, why = [r for r in dumped if ranks[r].witness is None] or dumped, "one call known"
+    if not named:
+        return None
+    where = "; ".join(f"rank {r}: {_front(ranks[r])}" for r in named)
+    return named, None, f"rank(s) {_list(saw)} caught a mismatch ({saw[min(saw)]}); {why}: {where}"
+
+
+_GLOO_SIZE = re.compile(r"(\d+) vs (\d+)\. Received data size", re.IGNORECASE)  # got 8 bytes, wanted 4
+
+
+def _held_smaller(line: str) -> bool:
+    m = _GLOO_SIZE.search(line)
+    return m is not None and int(m.group(1)) > int(m.group(2))
+
+
+def _elements(kind: tuple[str | None, str]) -> int | None:
+    """How many elements a call's inputs hold, from its shape text ("[8, 2x3]"); None: not known."""
+    text = kind[1].strip("[]")
+    if not text or "?" in text:
+        return None
+    total = 0
+    for shape in text.split(", "):
+        n = 1
+        for d in shape.split("x"):
+            n *= int(d) if d.isdigit() else 1
+        total += n
+    return total
+
+
+def _front(r: RankState) -> str:
+    """Its latest call in the default group, or where it stands."""
+    for g in r.groups or ():
+        if g.name == DEFAULT_GROUP and g.enqueued is not None:
+            c = g.enqueued
+            return f"{c.op or 'a collective'} {_shape(c)}{_site(c)} (#{c.seq})"
+    return _place(r)
 
 
 def _kind(c: Call) -> tuple[str | None, str]:

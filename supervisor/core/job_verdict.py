@@ -27,7 +27,9 @@ DETAIL_MAX = 600  # characters of the verdict's detail kept in a decision
 
 
 def expected_nodes(nnodes: int, nproc_per_node: int) -> dict[int, list[int]]:
-    """Each node rank's global ranks, as torchrun places them (node-major, the same count on each)."""
+    """Each node rank's global ranks, as torchrun places them (node-major, the same count on
+    each): what this node assumes of the others. ``job_blame`` places every rank a node reported
+    on that node, whatever its count; this layout only places the ranks nobody reported."""
     return {n: list(range(n * nproc_per_node, (n + 1) * nproc_per_node)) for n in range(nnodes)}
 
 

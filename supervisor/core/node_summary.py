@@ -20,6 +20,9 @@ rank stands: ``own`` code, ``compute`` (backward), waiting in a ``collective`` (
 stacks, or by its own word: it said it timed out waiting in one), ``stopped``, ``gone``
 (exited before the incident began), ``ended`` (exited after it began: because of it, a
 peer's node stopping its ranks, or its work resumed and done), ``unknown`` (no stacks).
+A rank whose line blames a peer for its collective (gloo's size check, a reset by the
+peer) is a witness: it stands in its ``collective``, and its line is kept (``witness``:
+what it says the peer did; older nodes ignore the key).
 Stacks read while the rank lived say more than its exit since. Sequence numbers are those
 of the dump's ``pg_status``; op and sizes come from its ring of entries when the
 entry is still there.
@@ -40,6 +43,7 @@ Pure: values in, values out; the runtime reads the dump file (``supervisor.proce
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -95,6 +99,7 @@ class RankState:
     iteration: int | None = None
     groups: tuple[Group, ...] | None = None  # None: no Flight Recorder dump
     dump_error: str | None = None
+    witness: str | None = None  # its line blaming a peer (a size mismatch, a reset): what the peer did
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +125,7 @@ class RankEvidence:
     gone: bool = False  # the process has exited
     after: bool = False  # ...after the incident began (its exit is the incident's doing)
     waited: str | None = None  # its line saying it timed out waiting in a collective
+    witness: str | None = None  # its line blaming a peer for its collective (a mismatch, a reset)
 
 
 def summarize_node(
@@ -134,6 +140,8 @@ def _rank(e: RankEvidence) -> RankState:
     groups = groups_of(e.dump) if e.dump is not None else None
     if e.waited is not None:
         where, why = "collective", f"timed out waiting: {e.waited.strip()}"
+    elif e.witness is not None:  # a peer broke the collective it was in: a witness, whatever came after
+        where, why = "collective", "blames a peer (witness)"
     elif e.reading is not None:  # read while it lived: where it stood, whatever came after
         where, why = WHERE[e.reading.where], e.reading.why
     elif e.gone:
@@ -141,7 +149,13 @@ def _rank(e: RankEvidence) -> RankState:
         why = "exited after the incident began" if e.after else "the process has exited"
     else:
         where, why = "unknown", "no stacks"
-    return RankState(e.rank, where, _text(why), e.iteration, groups, _text(e.dump_error))
+    witness = None if e.witness is None else _text(_SOURCE.sub("", e.witness).strip())
+    return RankState(e.rank, where, _text(why), e.iteration, groups, _text(e.dump_error), witness)
+
+
+# gloo's source location ("[enforce fail at .../pair.cc:456] "), cut from a witness's line so
+# that what it says the peer did fits the text bound
+_SOURCE = re.compile(r"\[(?:enforce fail at )?[^\]\s]*\.(?:cc|cpp|h):\d+\]\s*")
 
 
 def groups_of(dump: Any) -> tuple[Group, ...] | None:
@@ -238,6 +252,7 @@ def to_json(s: NodeSummary) -> dict[str, Any]:
                 "why": r.why,
                 "iteration": r.iteration,
                 "dump_error": r.dump_error,
+                "witness": r.witness,
                 "groups": None if r.groups is None else [_group_json(g) for g in r.groups],
             }
             for r in s.ranks
@@ -353,8 +368,9 @@ def _rank_from(x: Any) -> RankState | None:
         None if not isinstance(groups, list) else tuple(g for g in map(_group_from, groups) if g is not None)
     )
     return RankState(
-        rank, str(where), _text(x.get("why")), _int(x.get("iteration")), parsed, _text(x.get("dump_error"))
-    )
+        rank, str(where), _text(x.get("why")), _int(x.get("iteration")), parsed, _text(x.get("dump_error")),
+        _text(x.get("witness")),
+    )  # fmt: skip
 
 
 def _group_from(x: Any) -> Group | None:

@@ -46,6 +46,32 @@ WAITED = ("watchdog caught collective operation timeout",)
 GLOO_WAITED, GLOO_OPS = "timed out waiting", ("ms for recv operation", "ms for send operation")
 
 
+# What a rank says when a peer broke the collective it was in: gloo's size check
+# ("Received data size doesn't match expected size": it holds the smaller buffer of a
+# mismatch), torch's desync check, a peer's connection going away. Such a rank is a
+# witness, not a culprit: its line goes into its node's summary (core.node_summary) and
+# the job's blame names the peer. A mismatch line also makes the job's incident (a
+# desync is the job's, whichever rank's receive caught it). Lower case.
+MISMATCH = (
+    "received data size doesn't match expected size",
+    "is there a distributed collective mismatch",
+    "detected mismatch between collectives on ranks",
+)
+PEER_WENT = ("connection reset by peer", "connection closed by peer", "connection closed by remote peer")
+
+
+def says_peer_broke(line: str) -> bool:
+    """Does the line blame a peer for the collective the rank was in (a witness)?"""
+    low = line.lower()
+    return any(k in low for k in MISMATCH) or any(k in low for k in PEER_WENT)
+
+
+def says_mismatch(line: str) -> bool:
+    """Does the line say the ranks' collectives did not match (a desync's witness)?"""
+    low = line.lower()
+    return any(k in low for k in MISMATCH)
+
+
 def nccl_tears_down(environ: Mapping[str, str]) -> bool:
     """Does a watchdog failure take the rank's process down, by the environment the
     ranks get (the daemon sets TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless it is given)?"""

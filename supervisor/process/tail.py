@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from supervisor.core.notable import notable_lines, says_going_down, says_timed_out_waiting
+from supervisor.core.notable import notable_lines, says_going_down, says_peer_broke, says_timed_out_waiting
 from supervisor.log import Console
 
 MAX_LINE = 64 * 1024  # a line longer than this is printed in pieces
@@ -42,6 +42,7 @@ class Notable:
     going_down: str | None = None  # the first line in which torch said it takes the rank down
     tears_down: bool = True  # whether an NCCL watchdog failure takes the process down
     waited: str | None = None  # the first line saying it waited in a collective past its timeout
+    witnessed: str | None = None  # the first line blaming a peer for its collective (a witness)
 
     def add(self, line: str) -> None:
         if self.exited:
@@ -51,6 +52,8 @@ class Notable:
             self.going_down = line
         if self.waited is None and says_timed_out_waiting(line):
             self.waited = line
+        if self.witnessed is None and says_peer_broke(line):
+            self.witnessed = line
         if len(self.first) < NOTABLE_LINES // 4:
             self.first.append(line)
         else:
@@ -166,6 +169,11 @@ class LogFollower:
         """The line in which ``rank`` said it waited in a collective past its timeout, if it did."""
         notable = self.notable.get(rank)
         return None if notable is None else notable.waited
+
+    def witnessed(self, rank: int) -> str | None:
+        """The line in which ``rank`` blamed a peer for its collective (a mismatch, a reset), if it did."""
+        notable = self.notable.get(rank)
+        return None if notable is None else notable.witnessed
 
     def finish(self) -> dict[int, tuple[str, ...]]:
         """Copy what is left, including an unterminated last line, and stop.

@@ -26,6 +26,7 @@ from tests.fast.fakes_job import Peer, Round, ScriptedJob
 from tests.fast.harness import Run, supervise
 
 STACKS = Path(__file__).parent.parent / "fixtures" / "stacks"
+FLIGHT = STACKS.parent / "flight"
 WAITING = (STACKS / "allreduce_rank0.txt").read_text()  # inside all_reduce
 OWN_CODE = (STACKS / "allreduce_rank1.txt").read_text()  # asleep in its own code
 OPTIONS = ("--max-restarts", "1", "--ft-rank-section-timeouts", "step:1", "--ft-num-warmup-iterations", "0")
@@ -289,6 +290,13 @@ def test_a_ranks_collective_timeout_makes_the_jobs_incident_and_is_not_charged_w
     assert run.named("rank_hung") == [] and run.named("node_health_marked") == []
     assert run.decisions() == [("restart", "peer_failed")], run.story()
     assert reason(run)["job_blame"]["ranks"] == [3]
+    # no deadline was missed here and nobody here is named, but this node's evidence is kept:
+    # its bundle holds every node's summary and the verdict
+    (written,) = run.named("hang_bundle")
+    manifest = orjson.loads((Path(written["path"]) / "bundle.json").read_bytes())
+    assert (manifest["deadline"], manifest["hung"], manifest["blamed_by"]) == (None, [], "job_blame")
+    job_doc = orjson.loads((Path(written["path"]) / "job-blame.json").read_bytes())
+    assert job_doc["verdict"]["ranks"] == [3] and [s["node_rank"] for s in job_doc["summaries"]] == [0, 1]
 
 
 def test_a_gloo_timeout_beside_the_culprit_here_names_the_culprit_not_the_rank_that_waited(
@@ -311,7 +319,7 @@ def test_a_gloo_timeout_beside_the_culprit_here_names_the_culprit_not_the_rank_t
 def test_a_desync_leaves_one_decision_for_its_generation(tmp_path: Path) -> None:
     """Node 1's ranks called all_gather and all_reduce at the same collective (real gloo dumps):
     the job aborts on it, and the generation's one decision is that abort, on every reader."""
-    flight = STACKS.parent / "flight"
+    flight = FLIGHT
     ranks = [
         RankEvidence(r, dump=pickle.loads((flight / f"gloo_desync_op_rank_{r}.pkl").read_bytes()),
                      reading=read((flight / f"gloo_desync_op_rank_{r}.stacks.txt").read_text()))
@@ -326,3 +334,61 @@ def test_a_desync_leaves_one_decision_for_its_generation(tmp_path: Path) -> None
     assert reason(run)["decision"]["action"] == "abort" and reason(run)["job_blame"]["rule"] == "desync"
     (incident,) = report.build(run.rundir).incidents
     assert incident[1].blame == "desync"
+
+
+CAUGHT = (
+    "  what():  [enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:456] "
+    "op.preamble.length <= op.nbytes. 8 vs 4. Received data size doesn't match expected size. "
+    "Is there a distributed collective mismatch in your code?"
+)
+
+
+def test_a_rank_that_caught_a_size_mismatch_makes_the_jobs_incident_and_the_dumps_name_the_culprit(
+    tmp_path: Path,
+) -> None:
+    """gloo aborts the rank whose receive caught a size mismatch (rank 0 here), long before any
+    deadline: a desync that only every node's dumps pin on a rank. This node declares the job's
+    incident on that line; its rank 0 is a witness (its line in the summary, a vote for the
+    smaller call); node 1's dumps (the real desync_size capture: rank 2 all-reduced 16 floats,
+    rank 3 8) tie without it. Rank 2 on node 1 is named, and the job aborts the first time."""
+    ranks = [
+        RankEvidence(r, dump=pickle.loads((FLIGHT / f"gloo_desync_size_rank_{r}.pkl").read_bytes()),
+                     reading=read((FLIGHT / f"gloo_desync_size_rank_{r}.stacks.txt").read_text()))
+        for r in (2, 3)
+    ]  # fmt: skip
+    peer = Peer(summarize_node(1, "node1", "generation 0", 0, ranks), after=0.3)
+    job = ScriptedJob(Round(node_rank=0, peers=[peer]), Round())
+    run = supervise(tmp_path, times_out(CAUGHT), *LONG, job=lambda: job)
+    assert run.code == 2, run.story()
+    assert job.boards[0].kv[incidents.DECLARED] == b"1" and run.named("deadline_missed") == []
+    verdict = blamed(run)
+    assert (verdict["rule"], verdict["ranks"], verdict["nodes"]) == ("desync", [2], [1]), verdict
+    assert "rank(s) 0 caught the mismatch" in verdict["detail"], verdict
+    assert run.named("rank_hung") == [] and run.named("node_health_marked") == []
+    assert run.decisions() == [("abort", "not_retryable")], run.story()
+    (written,) = run.named("hang_bundle")
+    job_doc = orjson.loads((Path(written["path"]) / "job-blame.json").read_bytes())
+    (mine,) = [r for r in job_doc["summaries"][0]["ranks"] if r["rank"] == 0]
+    assert mine["where"] == "collective" and "8 vs 4. Received data size" in mine["witness"], mine
+
+
+def test_a_node_whose_rank_only_saw_its_peer_go_takes_part_in_the_incident_declared_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """Node 1 declared (its rank 3 caught the mismatch and was aborted); here rank 0's
+    connection closed as that happened and it exited before any news came: it is a witness,
+    and this node takes part in the declared incident instead of judging a peer's reset alone.
+    Rank 2's dump is the only call left: the ranks that blamed no peer, with a dump, are named."""
+    ranks = [
+        RankEvidence(2, dump=pickle.loads((FLIGHT / "gloo_desync_size_rank_2.pkl").read_bytes()),
+                     reading=read((FLIGHT / "gloo_desync_size_rank_2.stacks.txt").read_text())),
+        RankEvidence(3, gone=True, after=True, witness=CAUGHT),
+    ]  # fmt: skip
+    peer = Peer(summarize_node(1, "node1", "generation 0", 0, ranks), after=0.3, declares=True)
+    job = ScriptedJob(Round(node_rank=0, peers=[peer]), Round())
+    closed = "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:40123"
+    run = supervise(tmp_path, times_out(closed), *LONG, job=lambda: job)
+    assert run.code == 2, run.story()
+    verdict = blamed(run)
+    assert (verdict["rule"], verdict["ranks"], verdict["nodes"]) == ("desync", [2], [1]), verdict
+    assert run.named("rank_hung") == [] and run.decisions() == [("abort", "not_retryable")], run.story()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -246,10 +247,91 @@ def test_sizes_are_compared_only_where_the_inputs_must_agree() -> None:
     assert job_blame([a, b], {0: [0], 1: [1]}).rule == "undetermined"
 
 
-def test_a_two_way_desync_names_the_ranks_that_differ_from_the_lowest_rank() -> None:
-    s = [_summary(0, {0: ("all_reduce", 5, 4, "collective"), 1: ("broadcast", 5, 4, "collective")})]
-    found = job_blame(s, {0: [0, 1]})
-    assert (found.ranks, found.rule) == ((1,), "desync")
+def test_a_two_way_desync_with_no_majority_names_both_ranks_whatever_their_numbers() -> None:
+    for a, b in (("all_reduce", "broadcast"), ("broadcast", "all_reduce")):
+        s = [_summary(0, {0: (a, 5, 4, "collective"), 1: (b, 5, 4, "collective")})]
+        found = job_blame(s, {0: [0, 1]})
+        assert (found.ranks, found.rule) == ((0, 1), "desync") and "no majority" in found.detail
+
+
+# what gloo's rank 1 said as it aborted in the desync_size capture (tests/fixtures/flight), and
+# what a peer says when the rank it was connected to went away
+CAUGHT = (
+    "  what():  [enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:456] "
+    "op.preamble.length <= op.nbytes. 8 vs 4. Received data size doesn't match expected size. "
+    "Is there a distributed collective mismatch in your code?"
+)
+CLOSED = (
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+    "Connection closed by peer [127.0.0.1]:18350. This is typically caused by a remote worker crashing."
+)
+
+
+def sized(rank: int, witness: str | None = None) -> RankEvidence:
+    """A rank of the real desync_size capture (rank 2 all-reduced 16 floats, the others 8;
+    gloo aborted rank 1), or a witness of it: gone, its line blaming a peer."""
+    if witness is not None:
+        return RankEvidence(rank, gone=True, after=True, witness=witness)
+    return gloo("desync_size", rank)
+
+
+def test_a_rank_that_caught_a_size_mismatch_is_a_witness_and_tips_a_tie_to_the_smaller_call() -> None:
+    """Two dumps left, rank 0's [8] and rank 2's [16]: no majority by the dumps. Rank 1's
+    receive caught the mismatch (8 bytes sent where it expected 4): it held the smaller
+    buffer, so it counts for [8], and rank 2 is named (not rank 0, the lower number)."""
+    found = job_blame(nodes([sized(0), sized(1, CAUGHT), sized(2), sized(3, CLOSED)], TWO), TWO)
+    assert (found.rule, found.ranks, found.nodes) == ("desync", (2,), (1,)), found
+    assert "caught the mismatch" in found.detail
+    # without its word the tie names both ranks, favouring neither
+    found = job_blame(nodes([sized(0), sized(1, CLOSED), sized(2), sized(3, CLOSED)], TWO), TWO)
+    assert (found.rule, found.ranks) == ("desync", (0, 2)), found
+
+
+def test_when_only_witnesses_are_left_beside_the_culprit_the_rank_that_blamed_nobody_is_named() -> None:
+    """The ranks that could tell the sizes apart exited first (gloo aborted rank 1, ranks 0 and 3
+    saw their connections close): only rank 2's dump is left. The witnesses are not culprits."""
+    for layout in (TWO, FOUR):
+        evidence = [sized(0, CLOSED), sized(1, CAUGHT), sized(2), sized(3, CLOSED)]
+        found = job_blame(nodes(evidence, layout), layout)
+        assert (found.rule, found.ranks) == ("desync", (2,)), found
+        assert found.nodes == tuple(n for n, rs in layout.items() if 2 in rs)
+        assert "rank 2: all_reduce [16]" in found.detail, found.detail
+        # the witnesses' words are in their node's summary, through the wire form
+        (rank1,) = [r for s in nodes(evidence, layout) for r in s.ranks if r.rank == 1]
+        assert rank1.where == "collective" and rank1.witness == (
+            "what():  op.preamble.length <= op.nbytes. 8 vs 4. Received data size doesn't match "
+            "expected size. Is there a distributed collective mismatch in your code?"
+        )
+    # the culprit's own collective was reset too (rank 1's abort closed it): its dump still tells
+    reset = replace(sized(2), witness=CLOSED)
+    found = job_blame(nodes([sized(0, CLOSED), sized(1, CAUGHT), reset, sized(3, CLOSED)], TWO), TWO)
+    assert (found.rule, found.ranks, found.nodes) == ("desync", (2,), (1,)), found
+    # the culprit's dump did not come (its collective was reset and it was going down), two
+    # ranks agree on [8]: the rank whose call is unknown is named, not the one that blamed nobody
+    # (scripts/bench/blame.py named rank 2 that way, waiting in [8], when rank 1 sent [16])
+    gone = RankEvidence(2, gone=True, after=True, witness=CLOSED)
+    found = job_blame(nodes([sized(0), sized(1, CAUGHT), gone, replace(sized(3), witness=CLOSED)], TWO), TWO)
+    assert (found.rule, found.ranks, found.nodes) == ("desync", (2,), (1,)), found
+    assert "rank(s) 0, 3 agree at the front" in found.detail, found.detail
+    # without a rank that caught a mismatch, peers' resets alone make no desync
+    found = job_blame(nodes([sized(0, CLOSED), sized(1, CLOSED), sized(2)], TWO), TWO)
+    assert found.rule != "desync"
+
+
+def test_nodes_running_different_numbers_of_ranks_are_placed_by_their_own_summaries() -> None:
+    """Node 0 runs ranks 0-2, node 1 ranks 3-4: a node that assumes its own 2 ranks per node
+    (ranks 2-3 on node 1) must still place rank 2 on node 0, as node 0's summary says."""
+    layout = {0: [0, 1, 2], 1: [3, 4]}
+    assumed = {0: [0, 1], 1: [2, 3]}  # what nproc_per_node=2 gives on node 1
+    where = {0: Where.COLLECTIVE, 1: Where.COLLECTIVE, 2: Where.OWN, 3: Where.COLLECTIVE, 4: Where.COLLECTIVE}
+    found = job_blame(hand(layout, where), assumed)
+    assert (found.rule, found.ranks, found.nodes, found.silent) == ("own_code", (2,), (0,), ())
+    where = {0: Where.COLLECTIVE, 1: Where.COLLECTIVE, 2: Where.COLLECTIVE, 3: Where.COLLECTIVE, 4: Where.OWN}
+    found = job_blame(hand(layout, where), {0: [0, 1, 2], 1: [3, 4, 5]})  # node 1 assuming 3 each
+    assert (found.ranks, found.nodes) == ((4,), (1,))
+    # a silent node: only the ranks nobody reported are its own
+    found = job_blame(hand(layout, where, answered=[0]), assumed)
+    assert (found.rule, found.ranks, found.nodes, found.silent) == ("node_silent", (3,), (1,), (1,))
 
 
 @settings(max_examples=80, deadline=None)  # each CI run draws anew

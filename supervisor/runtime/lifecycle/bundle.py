@@ -214,12 +214,13 @@ def _entries(
 
 
 async def write(
-    gen: Generation, monitor: Monitor, *, missed: Hang, found: Blame, seen: dict[int, Seen],
+    gen: Generation, monitor: Monitor, *, missed: Hang | None, found: Blame, seen: dict[int, Seen],
     readings: dict[int, Reading | None], got: Gathered, summaries: Flights, noticed: float, clock: Clock,
     events: EventLog, job: dict[str, Any] | None = None,
 ) -> Path | None:  # fmt: skip
     """The bundle on disk (off the loop), and a ``hang_bundle`` event; None if it could not be written.
-    ``job``: a job-wide hang's every node summary and verdict, written as ``job-blame.json``."""
+    ``job``: a job-wide hang's every node summary and verdict, written as ``job-blame.json``;
+    ``missed`` None: no deadline was missed here (the node took part in the job's incident)."""
     root = generation_dir(gen)
     if root is None:
         return None
@@ -231,7 +232,9 @@ async def write(
     manifest = {
         "generation": gen.number,
         "declared_at": clock.wall() - (now - noticed),
-        "deadline": {
+        "deadline": None
+        if missed is None
+        else {
             "rank": missed.rank,
             "kind": str(missed.kind),
             "section": missed.section,

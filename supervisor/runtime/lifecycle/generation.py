@@ -35,6 +35,8 @@ class Generation:
         events: EventLog,
         before_exit_event: Callable[[int], Mapping[Path, int]] = lambda rank: {},
         waited_of: Callable[[int], str | None] = lambda rank: None,
+        *,
+        witnessed_of: Callable[[int], str | None] = lambda rank: None,
     ) -> None:
         self.number = number
         self.topology = Topology(nproc_per_node=1)  # set by the launcher before any rank spawns
@@ -80,6 +82,7 @@ class Generation:
         # says how far its logs went when it died (local rank -> path -> bytes)
         self._before_exit_event = before_exit_event
         self._waited_of = waited_of  # by rank: the log line saying it timed out waiting in a collective
+        self._witnessed_of = witnessed_of  # by rank: the log line blaming a peer for its collective
         self.exit_offsets: dict[int, Mapping[Path, int]] = {}
 
     @property
@@ -114,6 +117,12 @@ class Generation:
         (NCCL's watchdog, gloo's wait: ``core.notable.says_timed_out_waiting``), as far as
         their logs were read: witnesses of a peer's trouble, which make the job's incident."""
         said = {lr: self._waited_of(r.slot.rank) for lr, r in self.ranks.items()}
+        return {lr: line for lr, line in said.items() if line is not None}
+
+    def witnessed(self) -> dict[int, str]:
+        """By local rank, the ranks that blamed a peer for their collective (a size mismatch,
+        a connection reset: ``core.notable.says_peer_broke``): witnesses, not culprits."""
+        said = {lr: self._witnessed_of(r.slot.rank) for lr, r in self.ranks.items()}
         return {lr: line for lr, line in said.items() if line is not None}
 
     def hung(self, local_rank: int, hang: Hang, deadline_wall: float) -> None:

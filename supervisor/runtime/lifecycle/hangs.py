@@ -109,11 +109,21 @@ async def name_hung(
 ) -> Blame | None:  # fmt: skip
     """Dump every live rank's stacks, blame the stuck rank(s), record them as hung,
     and leave the hang's diagnostic bundle (``supervisor.runtime.lifecycle.bundle``).
-    With ``job``, the job's blame stands for this node's: only its culprits here are hung."""
-    if gen.missed is None:
+    With ``job``, the job's blame stands for this node's: only its culprits here are hung,
+    and the bundle is written even where no deadline was missed here (the node took part
+    on a rank's timeout, or on the news): every node's evidence stays in its run directory."""
+    if gen.missed is None and (job is None or collected is None):
         if collected is not None:
             await collected.drop()
         return None
+    if gen.missed is None:  # no deadline here: nobody here is named (job.found names no rank)
+        assert collected is not None and job is not None
+        got = await collected.complete()
+        gen.bundle = await bundle.write(gen, monitor, missed=None, found=job.found, seen=collected.seen,
+                                        readings=collected.readings, got=got, summaries=collected.summaries,
+                                        noticed=clock.monotonic(), clock=clock, events=events,
+                                        job=job.document)  # fmt: skip
+        return job.found
     missed, noticed = gen.missed
     c = collected or await collect(gen, monitor, noticed=noticed, stack_timeout=stack_timeout,
                                    bundle_timeout=bundle_timeout, clock=clock, events=events,

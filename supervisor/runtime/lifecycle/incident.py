@@ -32,6 +32,7 @@ from supervisor.core.job_blame import to_json as verdict_json
 from supervisor.core.jobwide import PeerNews
 from supervisor.core.node_summary import RankEvidence, decode, encode, summarize_node
 from supervisor.core.node_summary import to_json as summary_json
+from supervisor.core.notable import says_mismatch
 from supervisor.core.watch import Hang, HangKind
 from supervisor.process.terminate import Signaller
 from supervisor.runtime.lifecycle import hangs
@@ -132,7 +133,10 @@ async def _declared(
 ) -> float | None:
     """When the round's incident was first declared; None: this end is no hang's (or
     the store is gone: this node then judges alone, and the job's end comes next)."""
-    if board is None or (not _trouble(gen) and (news is None or news[0] is not PeerNews.ENDED)):
+    heard = news is not None and news[0] is PeerNews.ENDED
+    # a rank here blamed a peer (a reset as the desync's catcher went down): the job's incident,
+    # if one is declared already, is what ended it, news or not
+    if board is None or (not _trouble(gen) and not heard and not gen.witnessed()):
         return None
     await declare(board, job_gen, gen, clock)
     try:
@@ -142,8 +146,10 @@ async def _declared(
 
 
 def _trouble(gen: Generation) -> bool:
-    """What makes this node declare: a missed deadline, or a rank's collective timeout."""
-    return gen.missed is not None or bool(gen.waited())
+    """What makes this node declare: a missed deadline, a rank's collective timeout, or a
+    rank that caught a collective mismatch (gloo aborts the rank whose receive caught it:
+    a desync, which only every node's dumps can pin on a rank)."""
+    return gen.missed is not None or bool(gen.waited()) or any(map(says_mismatch, gen.witnessed().values()))
 
 
 def _wait(ft: FtConfig, declared_at: float, clock: Clock) -> float:
@@ -164,7 +170,7 @@ def _found(verdict: JobBlame, here: tuple[int, ...], local: dict[int, int]) -> B
 def _evidence(gen: Generation, c: hangs.Collected, declared_at: float) -> list[RankEvidence]:
     """Each rank as gathered: its stacks and dump if it lived then; if it has exited, whether
     after the incident was declared (because of it); its own word if it timed out waiting."""
-    out, waited = [], gen.waited()
+    out, waited, witnessed = [], gen.waited(), gen.witnessed()
     for lr, r in sorted(gen.ranks.items()):
         gone = r.returncode is not None
         exit = gen.exits.get(lr)
@@ -174,5 +180,5 @@ def _evidence(gen: Generation, c: hangs.Collected, declared_at: float) -> list[R
         seen = c.seen.get(lr)
         out.append(RankEvidence(r.slot.rank, dump=dump, dump_error=why, reading=c.readings.get(lr),
                                 iteration=None if seen is None else seen.iteration, gone=gone, after=after,
-                                waited=waited.get(lr)))  # fmt: skip
+                                waited=waited.get(lr), witness=witnessed.get(lr)))  # fmt: skip
     return out

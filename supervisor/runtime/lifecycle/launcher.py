@@ -105,7 +105,7 @@ class Launcher:
         """Spawn a generation's ranks; they wait for their go. Until the
         rendezvous says otherwise, this node keeps the place it had last."""
         gen = Generation(number, self._clock, self._events, lambda rank: self._exited(number, rank),
-                         self._follower.waited)  # fmt: skip
+                         self._follower.waited, witnessed_of=self._follower.witnessed)  # fmt: skip
         gen.topology = topology or self.topology
         try:
             await self.containment()
