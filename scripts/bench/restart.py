@@ -34,6 +34,8 @@ from the snapshot and trains ``--steps-after`` more steps. Variants:
   was before standbys mapped their snapshot ahead of their go (``ft`` is the premapped one);
 * ``ft-nomem`` (with ``--memory-mb``): ``ft`` without the memory snapshots (the disk
   snapshot only): the restart the others add a memory restore to;
+* ``ft-held`` (with ``--memory-mb``): ``ft-nomem`` whose ranks hold the same ballast (allocated
+  at start, never snapshotted): the same job as ``ft`` without memory snapshots;
 * ``ft-cuda-warm`` (with ``--device cuda``): ``ft`` whose standby ranks also create
   their CUDA context and cuBLAS handle before their go (``--preload`` adds
   ``scripts/_cuda_context.py``): what that saves, and the GPU memory it holds.
@@ -123,8 +125,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 PR_SET_CHILD_SUBREAPER = 36
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 VARIANT_NAMES = ("torchrun", "torchrun-noshare", "ft", "ft-cold", "ft-spawn", "ft-spawn-cold", "ft-cuda-warm",
-                 "ft-mapped", "ft-nomem")  # fmt: skip
-MEMORY_VARIANTS = ("ft-mapped", "ft-nomem")  # only with --memory-mb
+                 "ft-mapped", "ft-nomem", "ft-held")  # fmt: skip
+MEMORY_VARIANTS = ("ft-mapped", "ft-nomem", "ft-held")  # only with --memory-mb
 # ft-cuda-warm: what the daemon preloads by default, and the module that makes the CUDA context
 CUDA_WARM_PRELOAD = "torch,torch.distributed,torch.nn.parallel,torch._dynamo,_cuda_context"
 TORCHRUNS = ("torchrun", "torchrun-noshare")
@@ -142,6 +144,7 @@ LABELS = {
     "ft-cuda-warm": "ft-supervisor, standbys make the CUDA context",
     "ft-mapped": "ft-supervisor, restore() maps after the go",
     "ft-nomem": "ft-supervisor, no memory snapshots",
+    "ft-held": "ft-supervisor, state held, no memory snapshots",
 }
 
 
@@ -437,6 +440,7 @@ def launcher_argv(variant: str, s: Settings, run_dir: Path) -> list[str]:
     }.get(variant, [])
     script = train_args(s, run_dir, memory_mb=0 if variant == "ft-nomem" else None)
     script += ["--no-premap"] if variant == "ft-mapped" else []
+    script += ["--hold-only"] if variant == "ft-held" else []
     return [str(s.bin_dir / "ft-supervisor"), "run", *common, *extra, *script]
 
 
