@@ -22,8 +22,8 @@ a test of the ranks' world (not of DDP) need not pay in every rank of every gene
 to the daemon every step (``client.snapshot``) and takes them back at start
 (``client.restore``, newer than the disk snapshot): a ``restored`` milestone says the step,
 the seconds restore() took and how it read the slot (a standby's premapped view or not).
---no-premap (benchmarks) drops a standby's premapped slots before restore(): the restore
-as it was before standbys mapped their snapshot ahead of their go.
+--no-premap (benchmarks) drops a standby's premapped slots before restore(): the restore and
+the first snapshots as they were before standbys mapped their slots ahead of their go.
 --hold-only (with --memory-snapshot-mb) holds the same ballast but never snapshots or restores
 it: the same job without memory snapshots.
 Progress is printed every --print-every steps; --events FILE appends one JSON
