@@ -22,10 +22,15 @@ a test of the ranks' world (not of DDP) need not pay in every rank of every gene
 to the daemon every step (``client.snapshot``) and takes them back at start
 (``client.restore``, newer than the disk snapshot): a ``restored`` milestone says the step,
 the seconds restore() took and how it read the slot (a standby's premapped view or not).
---no-premap (benchmarks) drops a standby's premapped slots before restore(): the restore
-as it was before standbys mapped their snapshot ahead of their go.
+--no-premap (benchmarks) drops a standby's premapped slots before restore(): the restore and
+the first snapshots as they were before standbys mapped their slots ahead of their go.
+--hold-only (with --memory-snapshot-mb) holds the same ballast but never snapshots or restores
+it: the same job without memory snapshots.
 Progress is printed every --print-every steps; --events FILE appends one JSON
-line per milestone (first step of a generation, crash, done) for benchmarks.
+line per milestone (first step of a generation, crash, done) for benchmarks, and where a
+restart's time goes on the rank's side: ``started`` (the process group made), ``loaded``
+(the model built, the disk snapshot loaded), ``allocated`` (the ballast), ``stepped`` (the
+first step computed, before its memory snapshot; ``first_step`` comes after it).
 Under ft-supervisor it also reports iterations and checkpoints through the client
 (fire and forget, about a microsecond), which the run report turns into time lost
 per incident; under torchrun those calls are skipped.
@@ -80,6 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     p.add_argument("--memory-snapshot-mb", type=float, default=0.0, help="client.snapshot every step")
     p.add_argument("--no-premap", action="store_true", help="restore without a standby's premap")
+    p.add_argument("--hold-only", action="store_true", help="hold the ballast, never snapshot it")
     return p.parse_args(argv)
 
 
@@ -118,6 +124,7 @@ class Trainer:
         self.args = args
         self.rank = dist.get_rank()
         self.generation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self._milestone("started")
         torch.manual_seed(0)
         self.device = torch.device("cpu")
         if args.device == "cuda":
@@ -136,10 +143,17 @@ class Trainer:
         self.steps_run = 0
         if args.snapshot is not None and args.snapshot.exists():
             self._load_snapshot(args.snapshot)
+        self._milestone("loaded")
         self.ballast: torch.Tensor | None = None
+        self.held: torch.Tensor | None = None  # --hold-only: the same ballast, not snapshotted
         if args.memory_snapshot_mb > 0 and SUPERVISED:
-            self.ballast = torch.zeros(int(args.memory_snapshot_mb * 2**20) // 4)
-            self._restore_memory()
+            ballast = torch.zeros(int(args.memory_snapshot_mb * 2**20) // 4)
+            self._milestone("allocated")
+            if args.hold_only:
+                self.held = ballast
+            else:
+                self.ballast = ballast
+                self._restore_memory()
 
     def _restore_memory(self) -> None:
         if self.args.no_premap:
@@ -233,6 +247,8 @@ class Trainer:
             time.sleep(self.args.step_time)
             self.step_times.append(time.monotonic() - began)
             self.steps_run = step + 1
+            if first:
+                self._milestone("stepped", step=step)
             if SUPERVISED:
                 client.report_iteration(self.steps_run)
                 if self.ballast is not None:

@@ -30,10 +30,13 @@ from the snapshot and trains ``--steps-after`` more steps. Variants:
 * ``ft-spawn-cold``: both off, ``--no-standby --no-fork-server``: a cold restart like
   torchrun's, which shows how much of the gain the standbys and the server bring.
 * ``ft-mapped`` (with ``--memory-mb``): ``ft`` whose generation 1 drops the standby's
-  premapped slots before ``restore()``, which then maps the slot itself: the restore as it
-  was before standbys mapped their snapshot ahead of their go (``ft`` is the premapped one);
+  premapped slots before ``restore()``, which then maps the slot itself, and whose first
+  snapshots map their slots for writing themselves: as it was before standbys mapped their
+  snapshot ahead of their go (``ft`` is the premapped one);
 * ``ft-nomem`` (with ``--memory-mb``): ``ft`` without the memory snapshots (the disk
   snapshot only): the restart the others add a memory restore to;
+* ``ft-held`` (with ``--memory-mb``): ``ft-nomem`` whose ranks hold the same ballast (allocated
+  at start, never snapshotted): the same job as ``ft`` without memory snapshots;
 * ``ft-cuda-warm`` (with ``--device cuda``): ``ft`` whose standby ranks also create
   their CUDA context and cuBLAS handle before their go (``--preload`` adds
   ``scripts/_cuda_context.py``): what that saves, and the GPU memory it holds.
@@ -71,8 +74,8 @@ Figures, per run:
   sentinel) are reported in their own column. ft-supervisor's own figures (the
   ``run_finished`` event: ``daemon_max_rss_kb``, ``daemon_cpu_s``) are compared
   with the sampled ones below the table.
-* whole tree peak PSS: the launcher, its helpers and all ranks, standby ranks
-  included, summed every ~0.5 s (PSS from ``/proc/<pid>/smaps_rollup``, so pages
+* whole tree peak PSS (not with ``--no-pss``): the launcher, its helpers and all ranks,
+  standby ranks included, summed every ~0.5 s (PSS from ``/proc/<pid>/smaps_rollup``, so pages
   the ranks share, torch's libraries, count once). This is what the standby
   ranks cost: two more processes with torch imported while generation 0 trains.
 
@@ -83,7 +86,8 @@ reparented here: it is reported as a leftover and SIGKILLed, with its process
 group when it leads one (ranks do). Ctrl-C (or SIGTERM) stops the current run the same way and prints what was
 measured so far. Artifacts stay in ``--out`` (default: a fresh temporary
 directory) for inspection: ``<variant>-<n>/launcher.out``, ``events.jsonl``,
-``logs/``, ``results.json``.
+``logs/``, ``results.json``;
+``scripts/bench/restart_phases.py <out>`` splits each ft-supervisor run into its phases.
 
 Linux only (``/proc``, ``prctl``). Standard library only.
 """
@@ -123,8 +127,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 PR_SET_CHILD_SUBREAPER = 36
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 VARIANT_NAMES = ("torchrun", "torchrun-noshare", "ft", "ft-cold", "ft-spawn", "ft-spawn-cold", "ft-cuda-warm",
-                 "ft-mapped", "ft-nomem")  # fmt: skip
-MEMORY_VARIANTS = ("ft-mapped", "ft-nomem")  # only with --memory-mb
+                 "ft-mapped", "ft-nomem", "ft-held")  # fmt: skip
+MEMORY_VARIANTS = ("ft-mapped", "ft-nomem", "ft-held")  # only with --memory-mb
 # ft-cuda-warm: what the daemon preloads by default, and the module that makes the CUDA context
 CUDA_WARM_PRELOAD = "torch,torch.distributed,torch.nn.parallel,torch._dynamo,_cuda_context"
 TORCHRUNS = ("torchrun", "torchrun-noshare")
@@ -142,6 +146,7 @@ LABELS = {
     "ft-cuda-warm": "ft-supervisor, standbys make the CUDA context",
     "ft-mapped": "ft-supervisor, restore() maps after the go",
     "ft-nomem": "ft-supervisor, no memory snapshots",
+    "ft-held": "ft-supervisor, state held, no memory snapshots",
 }
 
 
@@ -257,7 +262,8 @@ class Usage:
 class LauncherWatch:
     """Samples a launcher until it exits; stops it and all it started when asked."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], gpu: Any = None) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], gpu: Any = None, *, pss: bool = True) -> None:
+        self.pss = pss
         self.proc = proc
         self.usage = Usage()
         self.gpu = gpu  # an NVML device handle (--device cuda), else None
@@ -281,7 +287,8 @@ class LauncherWatch:
                 self.usage.helper_hwm_kb[pid] = max(hwm, self.usage.helper_hwm_kb.get(pid, 0))
         # PSS, not RSS: the ranks share torch's pages; RSS would count them once per rank
         live = [pid for pid in [self.proc.pid, *tree] if pid in table and table[pid].state != "Z"]
-        self.usage.tree_pss_kb = max(self.usage.tree_pss_kb, sum(pss_kb(pid) for pid in live))
+        if self.pss:
+            self.usage.tree_pss_kb = max(self.usage.tree_pss_kb, sum(pss_kb(pid) for pid in live))
         if self.gpu is not None:
             import pynvml  # noqa: PLC0415 - only with --device cuda (nvidia-ml-py)
 
@@ -396,6 +403,7 @@ class Settings:
     backend: str = "gloo"
     nproc: int = NPROC
     memory_mb: float = 0.0  # --memory-mb: client.snapshot every step, restore() at start
+    pss: bool = True  # --no-pss: no whole-tree PSS column (its page-table walks stall big ranks)
 
 
 def train_args(s: Settings, run_dir: Path, *, memory_mb: float | None = None) -> list[str]:
@@ -437,6 +445,7 @@ def launcher_argv(variant: str, s: Settings, run_dir: Path) -> list[str]:
     }.get(variant, [])
     script = train_args(s, run_dir, memory_mb=0 if variant == "ft-nomem" else None)
     script += ["--no-premap"] if variant == "ft-mapped" else []
+    script += ["--hold-only"] if variant == "ft-held" else []
     return [str(s.bin_dir / "ft-supervisor"), "run", *common, *extra, *script]
 
 
@@ -597,7 +606,7 @@ def run_once(variant: str, index: int, s: Settings) -> RunResult:
             start_new_session=True,
             env={**os.environ, **(NOSHARE_ENV if r.variant == "torchrun-noshare" else {})},
         )  # fmt: skip
-    watch = LauncherWatch(proc, gpu_handle() if s.device == "cuda" else None)
+    watch = LauncherWatch(proc, gpu_handle() if s.device == "cuda" else None, pss=s.pss)
     try:
         r.timed_out = not watch.wait(s.timeout)
     finally:
@@ -793,6 +802,12 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         help=f"comma-separated subset of {','.join(VARIANT_NAMES)} (default: all but the --memory-mb ones)",
     )
     p.add_argument("--quick", action="store_true", help="2 runs, 10 steps after the restart: a smoke test")
+    p.add_argument(
+        "--no-pss",
+        action="store_true",
+        help="no whole-tree PSS column: reading smaps_rollup walks every page table of every rank, "
+        "under the rank's mmap lock, which stalls ranks that map GBs of snapshot slots",
+    )
     p.add_argument("--crash-at-step", type=int, default=160, help="late enough for standbys to be warm")
     p.add_argument("--steps-after", type=int, default=None, help="steps after the restart (default 40)")
     p.add_argument("--step-time", type=float, default=0.05)
@@ -843,7 +858,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     steps_after = a.steps_after if a.steps_after is not None else 10 if a.quick else 40
     return Settings(
         runs, variants, a.crash_at_step, steps_after, a.step_time, a.crash_mode, a.timeout, out.resolve(),
-        a.bin_dir, max(0, a.hogs), a.device, a.backend, a.nproc, a.memory_mb,
+        a.bin_dir, max(0, a.hogs), a.device, a.backend, a.nproc, a.memory_mb, not a.no_pss,
     )  # fmt: skip
 
 

@@ -117,6 +117,12 @@ def _maps(pid: int) -> str:
         return ""
 
 
+def _mapped(pid: int) -> set[tuple[str, str]]:
+    """(permissions, file name) of each file ``pid`` maps."""
+    rows = [line.split() for line in _maps(pid).splitlines()]
+    return {(row[1], "/" + row[5].rpartition("/")[2]) for row in rows if len(row) >= 6}
+
+
 def _kept(out: Path, gen: int) -> list[dict[str, Any]] | None:
     """Both ranks' files once final: written again, with ``kept``, two snapshots after the restore."""
     try:
@@ -132,11 +138,12 @@ def test_standbys_restore_from_the_slots_they_mapped_before_their_go(start: Star
     d = start("--nproc-per-node", "2", "--preload", "none", "--max-restarts", "1", SNAPSHOTTING,
               "--steps", "100000", "--step-time", "0.02", "--out", str(out), "--served")  # fmt: skip
     spawned = d.wait_event("rank_spawned", where=lambda e: e["generation"] == 1, count=2, timeout=60)
-    # each standby maps its own rank's two slot files while it waits, and no other rank's
+    # each standby maps its own rank's two slot files while it waits, and no other rank's:
+    # copy-on-write for its restore, shared and writable for its first snapshots
     for e in spawned:
         rank, pid = e["rank"], e["pid"]
-        mine = [f"/rank{rank}.0", f"/rank{rank}.1"]
-        wait_until(lambda pid=pid, mine=mine: all(m in _maps(pid) for m in mine), 60, f"standby {rank} maps")
+        mine = {(perms, f"/rank{rank}.{slot}") for perms in ("rw-p", "rw-s") for slot in (0, 1)}
+        wait_until(lambda pid=pid, mine=mine: mine <= _mapped(pid), 60, f"standby {rank} maps")
         assert f"/rank{1 - rank}." not in _maps(pid)
     # still waiting for their go: what mapped the slots is the standbys, not running ranks
     assert not d.events("generation_started")[1:], d.story()
@@ -147,3 +154,5 @@ def test_standbys_restore_from_the_slots_they_mapped_before_their_go(start: Star
     steps = {r["step"] for r in after}
     assert len(steps) == 1 and None not in steps, after  # both ranks restore one step
     assert all(r["same"] is True and r["kept"] is True and r["served"] == "premapped" for r in after), after
+    # the first two snapshots after the go wrote through the standby's mappings
+    assert all(r["writers"] == ["premapped", "premapped"] for r in after), after

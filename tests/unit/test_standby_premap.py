@@ -8,6 +8,7 @@ standbys: tests/integration/test_memory_snapshots.py."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import sys
@@ -127,3 +128,79 @@ def test_a_slot_file_that_grew_after_the_last_look_is_mapped_again(premap: Any, 
     assert len(held_mapping(module, slot0)) == nbytes
     step, back, _, served = snapshots.read_held(str(slot0), nbytes, digest, 7)
     assert (step, served) == (7, "premapped") and np.array_equal(back["w"], state(7, n=200_000)["w"])
+
+
+def _smaps_of(mapping: Any) -> tuple[str, int]:
+    """The permissions of ``mapping``'s range in /proc/self/smaps and its resident kB
+    (pages mapped in this process's page tables: populated, not just in the file)."""
+    cell = ctypes.c_char.from_buffer(mapping)
+    start = ctypes.addressof(cell)
+    del cell  # the buffer export, released: the mapping can be closed again
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(lines):
+        span, _, rest = line.partition(" ")
+        if "-" in span and int(span.split("-")[0], 16) == start:
+            rss = next(int(x.split()[1]) for x in lines[i + 1 :] if x.startswith("Rss:"))
+            return rest.split()[0], rss
+    raise AssertionError(f"no mapping at {start:#x}")
+
+
+def test_the_standby_maps_both_slots_shared_and_writable_their_pages_populated(
+    premap: Any, tmp_path: Path
+) -> None:
+    slot0, slot1 = tmp_path / f"rank{RANK}.0", tmp_path / f"rank{RANK}.1"
+    write(slot0, 4, n=300_000)
+    write(slot1, 5, n=300_000)
+    write(tmp_path / f"rank{RANK + 1}.0", 5)  # another rank's: never mapped, for writing least of all
+    module = premap()
+    assert set(module._premap.writable) == {str(slot0), str(slot1)}
+    for path in (slot0, slot1):
+        mapping = module._premap.writable[str(path)][0]
+        perms, rss_kb = _smaps_of(mapping)
+        # shared (the file's pages: what the rank writes there is the slot), and every page in
+        # the page tables already: the first snapshot after the go faults none in
+        assert perms == "rw-s" and rss_kb * 1024 >= len(mapping) > 2_000_000, (perms, rss_kb)
+        assert bytes(mapping[:8]) == b"FTSNAP01"  # not a byte changed by populating
+
+
+def test_the_first_snapshots_after_the_go_write_through_the_standbys_mappings(
+    premap: Any, tmp_path: Path
+) -> None:
+    slot0, slot1 = tmp_path / f"rank{RANK}.0", tmp_path / f"rank{RANK}.1"
+    nbytes, digest = write(slot0, 4)
+    write(slot1, 5)
+    module = premap()
+    writable = {p: module._premap.writable[str(p)][0] for p in (slot0, slot1)}
+    mine = snapshots._Snapshots(client=None)  # type: ignore[arg-type]  # no round trip: the writers only
+    mine.adopt()  # what restore() and the first snapshot() do first
+    assert snapshots.read_held(str(slot0), nbytes, digest, 4)[3] == "premapped"
+    for number, path in enumerate((slot0, slot1)):
+        p = slotfile.plan(state(10 + number))
+        writer = mine._writer(mine.slots[number], str(path), p.total)
+        assert writer.mapping is writable[path] and mine.slots[number].via == "premapped"
+        writer.write(p, 10 + number)  # the rank's copy, through the standby's mapping, lands in the file
+        total, got = p.total, slotfile.checksum(writer.mapping, p.total)
+        step, back, mapping, _ = snapshots.read_held(str(path), total, got, 10 + number)
+        assert step == 10 + number and np.array_equal(back["w"], state(10 + number)["w"])
+        slotfile._drop(mapping)
+    for slot in mine.slots:
+        assert slot.writer is not None
+        slot.writer.close()
+
+
+def test_a_slot_file_replaced_since_the_premap_is_mapped_again_for_writing(
+    premap: Any, tmp_path: Path
+) -> None:
+    slot0 = tmp_path / f"rank{RANK}.0"
+    write(slot0, 4)
+    premap()
+    slot0.unlink()  # another file at the same path: the standby's mapping is not that file's
+    write(slot0, 6)
+    mine = snapshots._Snapshots(client=None)  # type: ignore[arg-type]
+    mine.adopt()
+    p = slotfile.plan(state(8))
+    writer = mine._writer(mine.slots[0], str(slot0), p.total)
+    assert mine.slots[0].via == "mapped"
+    writer.write(p, 8)
+    assert slotfile.read_slot(str(slot0), p.total, slotfile.checksum(writer.mapping, p.total), 8)[0] == 8
+    writer.close()
