@@ -366,6 +366,7 @@ def test_a_rank_that_caught_a_size_mismatch_makes_the_jobs_incident_and_the_dump
     assert "rank(s) 0 caught the mismatch" in verdict["detail"], verdict
     assert run.named("rank_hung") == [] and run.named("node_health_marked") == []
     assert run.decisions() == [("abort", "not_retryable")], run.story()
+    assert [e["rank"] for e in run.named("decision")] == [2]  # the culprit, not the rank that caught it
     (written,) = run.named("hang_bundle")
     job_doc = orjson.loads((Path(written["path"]) / "job-blame.json").read_bytes())
     (mine,) = [r for r in job_doc["summaries"][0]["ranks"] if r["rank"] == 0]

@@ -165,6 +165,10 @@ def judge(
 def decision_event(judgement: Judgement, restarts_used: int) -> ev.Decision:
     """The ``decision`` event."""
     evidence, c, decision = judgement.evidence, judgement.classification, judgement.decision
+    rank = None if c is None else c.rank
+    blame = judgement.job_blame or {}
+    if blame.get("rule") == "desync" and blame.get("ranks"):  # not the rank that caught it
+        rank = int(blame["ranks"][0])
     return ev.Decision(
         generation=evidence.generation,
         action=str(decision.action),
@@ -172,7 +176,7 @@ def decision_event(judgement: Judgement, restarts_used: int) -> ev.Decision:
         detail=decision.detail,
         rule=None if c is None else c.rule,
         category=None if c is None else c.category,
-        rank=None if c is None else c.rank,
+        rank=rank,
         classifier=None if c is None else c.source,
         lines=None if c is None else list(c.lines),
         restarts_used=restarts_used,
