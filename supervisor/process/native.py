@@ -28,7 +28,7 @@ import pickle
 import shutil
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -177,10 +177,12 @@ def _ask_dump(pipe: Path) -> str | None:
 
 
 async def flight_recorder(
-    env: Mapping[str, str], rank: int, timeout: float
+    env: Mapping[str, str], rank: int, timeout: float, alive: Callable[[], bool] = lambda: True
 ) -> tuple[Path | None, str | None]:
     """Ask rank ``rank``'s watchdog for its Flight Recorder dump and wait (within
-    ``timeout``) until it is written: (the dump's path, None) or (None, why not)."""
+    ``timeout``, and while ``alive()``: a rank that exits writes none, and waiting for it
+    held a job's verdict for the whole bound) until it is written: (the dump's path, None)
+    or (None, why not)."""
     pipe_stem, dump_stem = env.get(PIPE_ENV), env.get(NEW_DUMP_ENV) or env.get(DUMP_ENV)
     if not pipe_stem or not dump_stem:
         return None, "the Flight Recorder's pipe was not set"
@@ -198,6 +200,8 @@ async def flight_recorder(
     while SYSTEM.monotonic() < deadline:
         await SYSTEM.sleep(POLL)
         if _mtime(dump) == before:
+            if not alive():
+                return None, "the rank exited before it wrote a Flight Recorder dump"
             continue
         now_size = _size(dump)
         if whole and now_size > 0:

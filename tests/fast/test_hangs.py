@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,7 +226,9 @@ def test_the_users_own_flight_recorder_settings_stand(
     monkeypatch.setenv(buffer_env, "77")
     asked: dict[int, tuple[str | None, str | None]] = {}
 
-    async def flight_recorder(env: Mapping[str, str], rank: int, timeout: float) -> tuple[None, str]:
+    async def flight_recorder(
+        env: Mapping[str, str], rank: int, timeout: float, alive: Callable[[], bool]
+    ) -> tuple[None, str]:
         asked[rank] = (env.get(native.PIPE_ENV), env.get(native.NEW_DUMP_ENV) or env.get(native.DUMP_ENV))
         return None, "no Flight Recorder here"
 

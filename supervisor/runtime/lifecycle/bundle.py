@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,10 @@ async def _no_dump(why: str) -> tuple[Path | None, str | None]:
     return None, why
 
 
+def _running(rank: RankProcess) -> Callable[[], bool]:
+    return lambda: rank.returncode is None
+
+
 async def gather_flights(gen: Generation, timeout: float, stopped: frozenset[int] = frozenset()) -> Gathered:
     """Every live rank's Flight Recorder dump, all at once. A ``stopped`` rank (by local
     rank) is not asked: it cannot write one, and waiting for it would hold the verdict for
@@ -87,7 +92,9 @@ async def gather_flights(gen: Generation, timeout: float, stopped: frozenset[int
     env = {**flight_recorder_env(os.environ, where), **os.environ}
     found = await asyncio.gather(
         *(
-            _no_dump(STOPPED) if r.slot.local_rank in stopped else flight_recorder(env, r.slot.rank, timeout)
+            _no_dump(STOPPED)
+            if r.slot.local_rank in stopped
+            else flight_recorder(env, r.slot.rank, timeout, alive=_running(r))
             for r in live
         )
     )
