@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
 from supervisor.core.snapshot_checksum import PIECE, of_pieces
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 MAX_WORKERS = 8
 
@@ -29,6 +31,9 @@ class _Pool:
 
 
 def _executor() -> ThreadPoolExecutor:
+    # imported here: every rank imports the client, few snapshot more than a piece
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
     with _Pool.lock:
         if _Pool.executor is None or _Pool.pid != os.getpid():  # a forked child starts its own
             _Pool.executor = ThreadPoolExecutor(workers(), thread_name_prefix="ft-checksum-pool")
