@@ -228,3 +228,19 @@ def unshare_pid_refused() -> str | None:
     except FileNotFoundError:
         return "unshare(1) is not installed"
     return None if r.returncode == 0 else f"unshare --pid is not permitted here: {r.stderr.strip()}"
+
+
+def write_slot(path: Path, state: Any, step: int, *, size: int | None = None) -> tuple[int, str]:
+    """What a rank does with a slot file the daemon sized (grown to ``size``, never shrunk):
+    map it, copy ``state`` in, seal, checksum. The bytes and the checksum it would report."""
+    from supervisor.client import snapshot_slots as slotfile  # noqa: PLC0415
+
+    p = slotfile.plan(state)
+    with path.open("ab") as f:
+        f.truncate(max(size if size is not None else p.total, f.tell()))
+    writer = slotfile.Writer(slotfile.map_for_writing(str(path), p.total))
+    try:
+        writer.write(p, step)
+        return p.total, slotfile.checksum(writer.mapping, p.total)
+    finally:
+        writer.close()

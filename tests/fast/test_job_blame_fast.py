@@ -316,15 +316,19 @@ def test_a_gloo_timeout_beside_the_culprit_here_names_the_culprit_not_the_rank_t
     assert [m["kind"] for m in run.named("node_health_marked")] == ["hang"]
 
 
+def captured(capture: str, rank: int) -> RankEvidence:
+    """A rank of a real gloo capture (tests/fixtures/flight): its dump and its stacks."""
+    return RankEvidence(
+        rank,
+        dump=pickle.loads((FLIGHT / f"{capture}_rank_{rank}.pkl").read_bytes()),
+        reading=read((FLIGHT / f"{capture}_rank_{rank}.stacks.txt").read_text()),
+    )
+
+
 def test_a_desync_leaves_one_decision_for_its_generation(tmp_path: Path) -> None:
     """Node 1's ranks called all_gather and all_reduce at the same collective (real gloo dumps):
     the job aborts on it, and the generation's one decision is that abort, on every reader."""
-    flight = FLIGHT
-    ranks = [
-        RankEvidence(r, dump=pickle.loads((flight / f"gloo_desync_op_rank_{r}.pkl").read_bytes()),
-                     reading=read((flight / f"gloo_desync_op_rank_{r}.stacks.txt").read_text()))
-        for r in (2, 3)
-    ]  # fmt: skip
+    ranks = [captured("gloo_desync_op", r) for r in (2, 3)]
     peer = Peer(summarize_node(1, "node1", "generation 0", 0, ranks), after=0.3)
     job = ScriptedJob(Round(node_rank=0, peers=[peer]), Round())
     run = supervise(tmp_path, hangs_at(3), *OPTIONS, job=lambda: job)
@@ -351,11 +355,7 @@ def test_a_rank_that_caught_a_size_mismatch_makes_the_jobs_incident_and_the_dump
     incident on that line; its rank 0 is a witness (its line in the summary, a vote for the
     smaller call); node 1's dumps (the real desync_size capture: rank 2 all-reduced 16 floats,
     rank 3 8) tie without it. Rank 2 on node 1 is named, and the job aborts the first time."""
-    ranks = [
-        RankEvidence(r, dump=pickle.loads((FLIGHT / f"gloo_desync_size_rank_{r}.pkl").read_bytes()),
-                     reading=read((FLIGHT / f"gloo_desync_size_rank_{r}.stacks.txt").read_text()))
-        for r in (2, 3)
-    ]  # fmt: skip
+    ranks = [captured("gloo_desync_size", r) for r in (2, 3)]
     peer = Peer(summarize_node(1, "node1", "generation 0", 0, ranks), after=0.3)
     job = ScriptedJob(Round(node_rank=0, peers=[peer]), Round())
     run = supervise(tmp_path, times_out(CAUGHT), *LONG, job=lambda: job)
@@ -381,8 +381,7 @@ def test_a_node_whose_rank_only_saw_its_peer_go_takes_part_in_the_incident_decla
     and this node takes part in the declared incident instead of judging a peer's reset alone.
     Rank 2's dump is the only call left: the ranks that blamed no peer, with a dump, are named."""
     ranks = [
-        RankEvidence(2, dump=pickle.loads((FLIGHT / "gloo_desync_size_rank_2.pkl").read_bytes()),
-                     reading=read((FLIGHT / "gloo_desync_size_rank_2.stacks.txt").read_text())),
+        captured("gloo_desync_size", 2),
         RankEvidence(3, gone=True, after=True, witness=CAUGHT),
     ]  # fmt: skip
     peer = Peer(summarize_node(1, "node1", "generation 0", 0, ranks), after=0.3, declares=True)

@@ -21,19 +21,12 @@ import xxhash
 
 from supervisor.client import snapshot_slots as slotfile
 from supervisor.client.snapshot_slots import HEADER_SIZE, MAGIC, SlotError
+from tests.support import write_slot
 
 
 def write(path: Path, state: Any, step: int, *, size: int | None = None) -> tuple[int, str]:
     """What a rank does: the daemon sized the file, the rank maps it, copies, checksums."""
-    p = slotfile.plan(state)
-    with path.open("ab") as f:  # grown, never shrunk, as the daemon does
-        f.truncate(max(size if size is not None else p.total, f.tell()))
-    writer = slotfile.Writer(slotfile.map_for_writing(str(path), p.total))
-    try:
-        writer.write(p, step)
-        return p.total, slotfile.checksum(writer.mapping, p.total)
-    finally:
-        writer.close()
+    return write_slot(path, state, step, size=size)
 
 
 def same(a: Any, b: Any) -> None:
@@ -313,7 +306,6 @@ def test_a_restored_mapping_of_a_page_multiple(tmp_path: Path) -> None:
     _, back, mapping = slotfile.read_slot(str(tmp_path / "s"), total, digest, 1)
     slotfile.make_private(mapping)
     same(state, back)
-
 
 
 def test_a_slot_is_sealed_only_once_its_copy_is_whole(tmp_path: Path) -> None:

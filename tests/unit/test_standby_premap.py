@@ -25,7 +25,7 @@ from supervisor.client import snapshots
 from supervisor.client.snapshot_slots import SlotError
 from supervisor.core.topology import ENV_PREMAP
 from supervisor.process import bootstrap
-from tests.support import wait_until
+from tests.support import wait_until, write_slot
 
 RANK = 3
 
@@ -36,15 +36,7 @@ def state(step: int, n: int = 50_000) -> dict[str, Any]:
 
 def write(path: Path, step: int, n: int = 50_000) -> tuple[int, str]:
     """What the rank does (the daemon sized the file): copy, seal, checksum."""
-    p = slotfile.plan(state(step, n))
-    with path.open("ab") as f:  # grown, never shrunk, as the daemon does
-        f.truncate(max(p.total, f.tell()))
-    writer = slotfile.Writer(slotfile.map_for_writing(str(path), p.total))
-    try:
-        writer.write(p, step)
-        return p.total, slotfile.checksum(writer.mapping, p.total)
-    finally:
-        writer.close()
+    return write_slot(path, state(step, n), step)
 
 
 @pytest.fixture
