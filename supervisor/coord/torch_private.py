@@ -114,14 +114,27 @@ class Handler(DynamicRendezvousHandler):
     state_backend: RendezvousBackend  # torch's, under its own name (build)
     state_store: Store  # the store torch's backend made, for our keys of the whole run
 
+    _made: tuple[int, dict[str, int], str] | None = None  # the round's members (members())
+
     def members(self) -> tuple[int, dict[str, int], str]:
         """The round just completed: its number, who is in it (identity -> node rank),
         and this node's identity. torch's ``RendezvousInfo`` gives a rank and a world
-        size only: who the others are is in the state that made the round, which the
-        handler's state holder (``_state_holder``) still holds; this node's identity is
-        the handler's ``_this_node``, as the state names it."""
+        size only: who the others are is in the state that made the round, read from the
+        handler's state holder (``_state_holder``) when torch starts the keep-alive, before
+        any beat: a beat syncs that state and drops dead nodes from it in place (read
+        after, at 1,024 simulated nodes a join failed with "dictionary changed size during
+        iteration"). This node's identity is the handler's ``_this_node``, as the state names it."""
+        if self._made is None:
+            raise RuntimeError("members() before a round completed")
+        return self._made
+
+    def _start_heartbeats(self) -> None:
+        self._note_round()
+        super()._start_heartbeats()
+
+    def _note_round(self) -> None:
         state = self._state_holder.state
-        return state.round, {repr(n): r for n, r in state.participants.items()}, repr(self._this_node)
+        self._made = (state.round, {repr(n): r for n, r in state.participants.items()}, repr(self._this_node))
 
     def leave(self, deadline: float) -> None:
         """Step out of the round now, so the others need not wait for this node's
@@ -172,16 +185,22 @@ class PacedHandler(Handler):
     def next_rendezvous(self) -> RendezvousInfo:
         self._window.open()
         try:
-            return super().next_rendezvous()
+            info = super().next_rendezvous()
         finally:
             self._window.close()
-
-    # torch's next_rendezvous starts the keep-alive by this name when the round
-    # completes, and stops it by the other (next round, shutdown): our timer in its place
-    def _start_heartbeats(self) -> None:
+        # torch asked for the keep-alive (below) before it read the round from the state
+        # (its world, its store): a first beat at a phase near 0 would sync and prune that
+        # state under torch's reads. Our timer starts once torch is done with it.
         interval = self.settings.keep_alive_interval.total_seconds()
         self._beats = keepalive.Phased(self, _beat, interval, keepalive.phase(interval))
         self._beats.start()
+        return info
+
+    # torch's next_rendezvous asks for the keep-alive by this name when the round
+    # completes, and stops it by the other (next round, shutdown): our timer in its
+    # place, started when next_rendezvous returns
+    def _start_heartbeats(self) -> None:
+        self._note_round()
 
     def _stop_heartbeats(self) -> None:
         if self._beats is not None:

@@ -364,6 +364,38 @@ def test_each_node_keeps_alive_at_its_own_phase_not_all_at_once(
             node.close()
 
 
+def test_the_first_keep_alive_waits_until_torch_has_read_the_round(
+    endpoint: str, made: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A keep-alive syncs the shared state and drops dead nodes from it in place. torch
+    # asks for the keep-alive before it reads the round (its world, its store) and we
+    # read it after (members()): with a first beat at a phase near 0 the two raced, and
+    # at 1,024 simulated nodes a join failed ("dictionary changed size during iteration")
+    from supervisor.coord import keepalive  # noqa: PLC0415
+
+    monkeypatch.setattr(keepalive, "phase", lambda interval: 0.0)  # the earliest phase there is
+    conf = {"is_host": "0", "keep_alive_interval": "1", "last_call_timeout": "1", "join_timeout": "30"}
+    node = made(RdzvConfig("c10d", endpoint, "r8", 1, 1, local_addr="127.0.0.1", conf=conf))
+    handler = node._handler
+    timers_while_torch_reads: list[object] = []
+    get_store, beat = handler._get_store, handler._keep_alive
+    beats: list[float] = []
+
+    def reading() -> Any:  # torch's next_rendezvous, right after it asked for the keep-alive
+        timers_while_torch_reads.append(handler._beats)
+        return get_store()
+
+    def noted() -> None:
+        beats.append(time.monotonic())
+        beat()
+
+    handler._get_store, handler._keep_alive = reading, noted
+    joined = node.join(0, free_port())
+    assert timers_while_torch_reads == [None]  # no beat could run while torch read the round
+    assert joined.members == {0: joined.me}
+    wait_until(lambda: len(beats) >= 1, 10, "the first beat, at once after the join")
+
+
 @pytest.mark.parametrize(
     ("given", "seconds"),
     [
