@@ -212,6 +212,32 @@ def _time_news() -> dict[str, list[float]]:
     return heard
 
 
+def _say_why_lost() -> None:
+    """A node that finds peers lost at rest prints what it read (round, members,
+    participants, the heartbeats' ages), once: a false loss names its cause."""
+    from supervisor.coord import rounds  # noqa: PLC0415
+
+    news, said = rounds.news, []
+
+    def told(snap: Any, joined: Any, bound: float, clock: Any = None) -> Any:
+        found = news(snap, joined, bound) if clock is None else news(snap, joined, bound, clock)
+        if found is not None and not said:
+            said.append(True)
+            now = time.time()
+            others = {r: who for r, who in joined.members.items() if who != joined.me}
+            ages = sorted(now - snap.heartbeats[w] for w in others.values() if w in snap.heartbeats)
+            absent = sum(1 for w in others.values() if w not in snap.participants)
+            sample = [round(a, 1) for a in ages[:: max(1, len(ages) // 8)]]
+            print(f"[why] {joined.me} round {snap.round}/{joined.round} complete={snap.complete} "
+                  f"participants {len(snap.participants)} heartbeats {len(snap.heartbeats)} "
+                  f"members {len(joined.members)} absent {absent} ages "
+                  f"{sample} max {ages[-1] if ages else None}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        return found
+
+    rounds.news = told
+
+
 def _line(obj: dict[str, Any]) -> None:
     print(json.dumps(obj), flush=True)
 
@@ -239,6 +265,7 @@ async def _nodes(args: argparse.Namespace) -> dict[str, Any]:
     looks = max(JOIN_POLL, n / 64)  # N / 256 at 1,024 nodes: 200 reads a second of a 270 KB state
     torchrdzv.PACE = Pace(window=float("inf"), fast=looks, slowest=looks)
     heard = _time_news()
+    _say_why_lost()
     jobs = [RendezvousJob(cfg, 30000 + args.offset + i, _Quiet()) for i in range(here)]
     missed = _KeepAliveMisses()
     logging.getLogger("torch.distributed.elastic.rendezvous.dynamic_rendezvous").addHandler(missed)
