@@ -26,7 +26,7 @@ from supervisor.coord import rounds as rnd
 from supervisor.coord.local import JobGeneration, JobOver, LocalJob
 from supervisor.coord.nodetable import NodeTable
 from supervisor.core.catalogue.job import RendezvousFallback, RendezvousJoined, RendezvousLeaveFailed
-from supervisor.core.jobwide import NodeOutcome, PeerNews, look_every, lost, unpack
+from supervisor.core.jobwide import NodeOutcome, PeerNews, ask_others_every, look_every, lost, unpack
 from supervisor.core.types import Action, EventSink, Reason
 from supervisor.process.ports import free_port
 
@@ -46,8 +46,10 @@ STATE_EVERY = 1.0
 JOB_LOOKS = 100.0
 # How often, at most, a node whose ranks still run asks whether every other node's
 # ranks exited 0 (then a rank of its own still running --exit-grace later is stuck):
-# the exit grace is seconds, and every question costs the store a request.
+# the exit grace is seconds, and every question costs the store a request; in a large
+# job each asks less often, all together about OTHERS_JOB times a second.
 OTHERS_EVERY = 2.0
+OTHERS_JOB = 20.0
 GATHER_GRACE = 2.0  # seconds after every outcome is in before any node gathers them itself
 SPARES_NOTICE = 2.5  # seconds nodes waiting in the rendezvous get to see it closed
 EXIT_BARRIER = 5.0  # seconds the last nodes wait for each other before the store host leaves
@@ -189,7 +191,7 @@ class RendezvousJob:
         joined = _joined(job_gen)
         heard = rnd.listen(joined, 0, "ended", wake, f"rdzv-listen-{job_gen.generation}")
         every = look_every(job_gen.nnodes, STATE_EVERY, JOB_LOOKS)
-        others_every = max(1, round(OTHERS_EVERY / every))
+        others_every = ask_others_every(job_gen.nnodes, every, OTHERS_EVERY, OTHERS_JOB)
         delay = random.uniform(0, every)  # noqa: S311 - nodes spread their looks, nothing secret
         looks = 0
         while not wake.wait(delay):
