@@ -155,6 +155,13 @@ def remove_cgroup(path: str, timeout: float = 2.0) -> bool:
     return True
 
 
+# How long the sentinel waits for the killed processes to leave the run's cgroup before it
+# removes it. Nobody waits on the sentinel, and on a loaded node a killed process can take
+# seconds to leave (its memory torn down first): with 2 s the cgroup was left behind in a
+# suite run with four workers on two cores (the next daemon tidies it, not this one).
+LEAVE_WAIT = 30.0
+
+
 def main(argv: list[str]) -> None:
     entry, *cgroup = argv
     # Terminal and scheduler signals are the daemon's business: the sentinel
@@ -168,7 +175,7 @@ def main(argv: list[str]) -> None:
         kill_cgroup(path)
     sweep(os.fsencode(entry), prefix=True)
     for path in cgroup:
-        remove_cgroup(path)
+        remove_cgroup(path, LEAVE_WAIT)
 
 
 if __name__ == "__main__":

@@ -123,7 +123,7 @@ def test_a_sigkilled_daemon_leaves_no_escapee(contained: None, start: Start, esc
     d.signal(signal.SIGKILL)
     d.wait()
     _none_alive(pids, "the sentinel to kill the run's cgroup")
-    wait_until(lambda: not Path(run["cgroup"]).exists(), 10, "the sentinel to remove the run's cgroup")
+    wait_until(lambda: not Path(run["cgroup"]).exists(), 30, "the sentinel to remove the run's cgroup")
 
 
 def test_a_daemon_in_another_pid_namespace_leaves_a_live_runs_cgroups_alone(contained: None) -> None:
