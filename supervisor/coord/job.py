@@ -42,8 +42,12 @@ T = TypeVar("T")
 # and every look reads all of it. The first node to see news tells the others
 # through the round's "ended" key, which they wait on: the store answers a
 # ``wait`` when the key is set, so nodes at rest cost it nothing but their looks.
+# A lost node shows only once its keep-alive is interval x attempts stale (15 s with
+# torch's defaults), and a look after that finds it at once: 20 looks a second for the
+# job notice it within 0.05 s on average. At 100, 1,024 simulated nodes' looks took
+# most of this machine's two cores at rest (8 ms to read a 1,024-node state).
 STATE_EVERY = 1.0
-JOB_LOOKS = 100.0
+JOB_LOOKS = 20.0
 # How often, at most, a node whose ranks still run asks whether every other node's
 # ranks exited 0 (then a rank of its own still running --exit-grace later is stuck):
 # the exit grace is seconds, and every question costs the store a request; in a large
