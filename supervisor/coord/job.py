@@ -257,6 +257,7 @@ class RendezvousJob:
         outcomes once (``decided``), which every node waits for. A node that sees
         another gone claims that one's place with a reschedule instead."""
         joined, n = _joined(job_gen), job_gen.nnodes
+        self._table.publish_shared()  # "agreeing", noted on the loop
         heard = rnd.listen(joined, 1, "decided", wake, f"rdzv-decided-{job_gen.generation}")
         rnd.claim(joined, n, own)
         every = look_every(n, STATE_EVERY, JOB_LOOKS)
@@ -311,6 +312,7 @@ class RendezvousJob:
         self.note("left", outcome=str(action))
 
         def finish() -> None:
+            self._table.publish_shared()  # "left", noted on the loop
             if not job_over:
                 rdzv.leave()
                 return

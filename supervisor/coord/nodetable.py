@@ -68,22 +68,24 @@ class NodeTable:
             self._unpublished = True
 
     def publish_shared(self) -> None:
-        """Publish what ``share`` added since the last time (blocking: the watcher's)."""
+        """Publish what ``note`` and ``share`` changed since the last time (blocking: called
+        by the rendezvous' threads, the watcher at each look among them)."""
         if self._unpublished and self._slot is not None:
-            self._unpublished = False
             self._publish()
 
     def note(self, state: str, **fields: Any) -> None:
-        """Record this node's state; published with the next store access."""
+        """Record this node's state, for the rendezvous' next thread to publish. Never a
+        store call here: the daemon notes from its loop, and a store request there held
+        the loop for a round trip, or for the store's patience when its host was gone
+        (at 1,024 simulated nodes the failure round waited minutes on it)."""
         with self._lock:
             self._status = {**self._status, "state": state, **fields, "updated": round(self._clock.wall(), 3)}
-        if self._slot is not None:
-            self._publish()
+            self._unpublished = True
 
     def _publish(self) -> None:
         try:
             with self._lock:
-                status = dict(self._status)
+                status, self._unpublished = dict(self._status), False
             self._store().set(f"node/{self._slot}", orjson.dumps(status).decode())
         except Exception:  # noqa: S110 - status only; the next note retries
             pass
