@@ -193,6 +193,7 @@ class RendezvousJob:
 
     def _watch(self, job_gen: JobGeneration, wake: threading.Event) -> tuple[PeerNews, str]:
         joined = _joined(job_gen)
+        self._table.publish_shared()  # "running", noted on the loop: not a look later (N/20 s)
         heard = rnd.listen(joined, 0, "ended", wake, f"rdzv-listen-{job_gen.generation}")
         every = look_every(job_gen.nnodes, STATE_EVERY, JOB_LOOKS)
         others_every = ask_others_every(job_gen.nnodes, every, OTHERS_EVERY, OTHERS_JOB)

@@ -87,8 +87,9 @@ class NodeTable:
             with self._lock:
                 status, self._unpublished = dict(self._status), False
             self._store().set(f"node/{self._slot}", orjson.dumps(status).decode())
-        except Exception:  # noqa: S110 - status only; the next note retries
-            pass
+        except Exception:  # status only: the next publish_shared (the watch's next look) retries
+            with self._lock:
+                self._unpublished = True
 
     def _statuses(self, slots: Callable[[int], Iterable[int]]) -> list[dict[str, Any]]:
         """The published status of the nodes ``slots`` picks among the job's table

@@ -182,7 +182,6 @@ def look_every(nnodes: int, floor: float, job_per_second: float) -> float:
     return max(floor, nnodes / job_per_second)
 
 
-
 def ask_others_every(nnodes: int, look: float, floor: float, job_per_second: float) -> int:
     """Every how many looks (``look`` seconds apart) a node whose ranks still run asks
     whether every other node's ranks exited 0: at least every ``floor`` seconds, and all
@@ -191,6 +190,7 @@ def ask_others_every(nnodes: int, look: float, floor: float, job_per_second: flo
     harness (256 nodes, 5 s keep-alive) keep-alives then missed their deadline until
     torch dropped nodes and the others took them for lost, in 2 runs of 5."""
     return max(1, round(look_every(nnodes, floor, job_per_second) / look))
+
 
 # the fields every node of a job generation shares when it only follows (same action,
 # reason and detail): one entry for all of them, with their node ranks and hosts

@@ -57,3 +57,20 @@ def test_a_note_before_the_node_has_a_slot_is_published_when_it_takes_one() -> N
     assert _published(store)["state"] == "joining"
     table.publish_shared()
     assert len(store.calls) == 2  # register published it already
+
+
+def test_a_status_the_store_refused_is_sent_again_at_the_next_publish() -> None:
+    store = Store()
+    table = NodeTable(lambda: store)
+    table.register()
+    real_set = store.set
+
+    def refused(key: str, value: str) -> None:
+        raise ConnectionError("the store's host is gone")
+
+    store.set = refused  # type: ignore[method-assign]
+    table.note("running", generation=1)
+    table.publish_shared()  # refused: kept as unpublished
+    store.set = real_set  # type: ignore[method-assign]
+    table.publish_shared()
+    assert _published(store)["state"] == "running"
