@@ -5,6 +5,13 @@ with ``client.snapshot`` every step), once with ``--snapshot-replication-rate 0`
 with ``--rate``, ``--pairs`` times, each first in turn. Figures: the median step with snapshots,
 without and with replication, per node, and the peer's replication lag at the end.
 
+Memory: every 0.2 s while a job runs, each daemon's run directory in /dev/shm
+(``ft-supervisor-<daemon pid>-*``) is read file by file (allocated tmpfs pages, as the
+kernel counts them), by kind: the rank's two slots (``rank<R>.<slot>``), the copies the peer
+verified (``retained.*``), the peer's replicas (``replica.*``) and the staging file
+(``stage``); the table gives each node's peak of each kind and of the whole, and the
+daemon's own peak RSS (VmHWM of the ``ft-supervisor run`` process).
+
 How to run (from the repository root, in the project's virtualenv)::
 
     .venv/bin/python scripts/bench/snapshot_replication.py                  # 100 MB, 256M/s
@@ -20,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +37,57 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 
 from supervisor.process.ports import free_port  # noqa: E402 - after the path
+
+KINDS = ("slots", "retained", "replicas", "staging")
+
+
+def kind_of(name: str) -> str:
+    if name.startswith("retained."):
+        return "retained"
+    if name.startswith("replica."):
+        return "replicas"
+    return "slots" if name.startswith("rank") else "staging"
+
+
+class Sampler(threading.Thread):
+    """The peak tmpfs bytes of each daemon's run directory, by kind of file and in all."""
+
+    def __init__(self, pids: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.pids, self.stop = pids, threading.Event()
+        self.peak: dict[int, dict[str, int]] = {p: dict.fromkeys((*KINDS, "all", "hwm"), 0) for p in pids}
+
+    def run(self) -> None:
+        while not self.stop.wait(0.2):
+            for pid in self.pids:
+                now = dict.fromkeys((*KINDS, "all"), 0)
+                for d in Path("/dev/shm").glob(f"ft-supervisor-{pid}-*"):
+                    try:
+                        files = list(d.iterdir())
+                    except OSError:  # the run ended: its directory is gone
+                        continue
+                    for f in files:
+                        try:
+                            used = f.stat().st_blocks * 512
+                        except OSError:  # renamed or removed between the listing and the stat
+                            continue
+                        now[kind_of(f.name)] += used
+                        now["all"] += used
+                now["hwm"] = hwm(pid)
+                peak = self.peak[pid]
+                for k, v in now.items():
+                    peak[k] = max(peak[k], v)
+
+
+def hwm(pid: int) -> int:
+    """The process's peak RSS in bytes (0 once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def run_job(args: argparse.Namespace, out: Path, rate: str) -> list[dict[str, Any]]:
@@ -50,9 +109,14 @@ def run_job(args: argparse.Namespace, out: Path, rate: str) -> list[dict[str, An
                 "--steps", str(args.steps), "--step-ms", str(args.step_ms), "--restore-mb", "1",
                 "--json", str(result)]  # fmt: skip
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    sampler = Sampler([p.pid for p in procs])
+    sampler.start()
     try:
         codes = [p.wait(args.timeout) for p in procs]
     finally:
+        sampler.stop.set()
+        sampler.join()
+        MEMORY.setdefault(rate, []).extend(sampler.peak.values())
         for p in procs:
             if p.poll() is None:
                 p.kill()
@@ -61,6 +125,9 @@ def run_job(args: argparse.Namespace, out: Path, rate: str) -> list[dict[str, An
     if codes != [0, 0]:
         sys.exit(f"the job with rate {rate} failed: {codes} (logs in {out})")
     return [json.loads(r.read_text()) for r in results]
+
+
+MEMORY: dict[str, list[dict[str, int]]] = {}  # rate -> each node's peaks, each job
 
 
 def replicated(out: Path, rate: str) -> list[dict[str, Any]]:
@@ -105,6 +172,17 @@ def main() -> None:
     if lags:
         print(f"\nsnapshot_replicated (sampled): {len(lags)}, from taken to kept by the peer: "
               f"median {statistics.median(lags) * 1000:.0f} ms")  # fmt: skip
+    state = float(args.sizes) * 2**20
+    print("\nper node (one rank), the peak of /dev/shm held by the daemon, MiB (x the rank's state), "
+          "the largest over the jobs:\n")  # fmt: skip
+    print("| replication | " + " | ".join(KINDS) + " | all | daemon peak RSS |")
+    print("|---|" + "---|" * (len(KINDS) + 2))
+    for rate in ("0", args.rate):
+        peaks = MEMORY.get(rate, [])
+        cells = [max((p[k] for p in peaks), default=0) for k in (*KINDS, "all")]
+        rss = max((p["hwm"] for p in peaks), default=0)
+        print(f"| {rate} B/s | " + " | ".join(f"{c / 2**20:.0f} ({c / state:.1f}x)" for c in cells)
+              + f" | {rss / 2**20:.1f} MiB |")  # fmt: skip
 
 
 if __name__ == "__main__":

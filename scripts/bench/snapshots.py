@@ -26,7 +26,8 @@ Memory (``--layer daemon``): after each size the host RAM of the rank's two slot
 (their allocated tmpfs pages, which the rank's mapping shares: counted once), and the
 daemon's own peak RSS (VmHWM of the ``ft-supervisor run`` process) against a second run of
 the same steps without a snapshot (``--no-snapshots`` to the rank; ``--no-baseline`` skips
-it). Replicas on a peer node are not in this build yet: their column says so.
+it). One node alone holds no replica: ``snapshot_replication.py`` measures what a node of a
+job holds (retained copies, its peer's replicas, the staging file).
 """
 
 from __future__ import annotations
@@ -84,14 +85,14 @@ def run_rank(args: argparse.Namespace, out: Path, *, snapshots: bool = True) -> 
 
 def memory_table(r: dict[str, Any], without: dict[str, Any] | None) -> str:
     mib = 2**20
-    rows = ["| state | slot files per rank (two slots): RAM | their size | replica | daemon peak RSS, "
-            "with snapshots | without |", "|---|---|---|---|---|---|"]  # fmt: skip
+    rows = ["| state | slot files per rank (two slots): RAM | their size | daemon peak RSS, "
+            "with snapshots | without |", "|---|---|---|---|---|"]  # fmt: skip
     base = f"{without['daemon_hwm_kb'] / 1024:.1f} MiB" if without and without.get("daemon_hwm_kb") else "-"
     for s in r["sizes"]:
         slots = s.get("slots") or {}
         ram = f"{slots['ram'] / mib:.0f} MiB" if slots else "-"
         size = f"{slots['size'] / mib:.0f} MiB" if slots else "-"
-        rows.append(f"| {s['bytes'] / mib:.0f} MB | {ram} | {size} | not yet (replication not in this build) "
+        rows.append(f"| {s['bytes'] / mib:.0f} MB | {ram} | {size} "
                     f"| {r['daemon_hwm_kb'] / 1024:.1f} MiB | {base} |")  # fmt: skip
     return "\n".join(rows)
 
