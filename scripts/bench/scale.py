@@ -328,13 +328,23 @@ async def _nodes(args: argparse.Namespace) -> dict[str, Any]:
         _line({"phase": "marked"})
     t_fail = time.monotonic()
     tasks = [follower(k) for k in range(1 if fails else 0, here)]
-    await asyncio.wait_for(asyncio.gather(*([failing()] if fails else []), *tasks), 300)
+    through = True
+    try:
+        await asyncio.wait_for(asyncio.gather(*([failing()] if fails else []), *tasks), 300)
+    except TimeoutError:  # where the round stalled: which of this process's nodes got how far
+        through = False
+        print(f"[{args.offset}] the failure round past 300 s: of {here} nodes {len(learned)} learned of it, "
+              f"{len(agreed)} agreed; heard 'ended' {len(heard['ended'])}, "
+              f"'decided' {len(heard['decided'])}; "
+              f"outcomes published in the job {gens[0].joined.store.add('published', 0)} of {n}",
+              file=sys.stderr, flush=True)  # fmt: skip
     return {
         "nodes": here,
         "joined_s": joined_s,
         "t_fail": t_fail if fails else None,
         "learned": max(learned, default=None),
-        "agreed": max(agreed, default=None),
+        "agreed": max(agreed, default=None) if through else None,
+        "through": len(agreed),  # nodes whose coroutine took the decision in (of "nodes")
         "heard_end": max(heard["ended"], default=None),
         "heard": max(heard["decided"], default=None),
         "same_decision": set(decisions) == {Action.RESTART} and len(decisions) == here,
@@ -447,7 +457,11 @@ def one_run(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "nodes_cpu_rest": sum(b - a for a, b in zip(cpu0[1:], cpu1[1:], strict=True)) / span,
             "learn_s": max(r["heard_end"] for r in results if r["heard_end"] is not None) - t_fail,
             "resumed_s": max(r["learned"] for r in results if r["learned"] is not None) - t_fail,
-            "agree_s": max(r["agreed"] for r in results) - t_fail,
+            # None where some node was not through within the round's 300 s: how many were
+            "agree_s": None
+            if any(r["agreed"] is None for r in results)
+            else max(r["agreed"] for r in results) - t_fail,
+            "through": sum(r["through"] for r in results),
             "heard_s": max(r["heard"] for r in results if r["heard"] is not None) - t_fail,
             "same_decision": all(r["same_decision"] for r in results),
             "keep_alive_missed": sum(r["keep_alive_missed"] for r in results),
@@ -484,7 +498,13 @@ def table(results: dict[int, list[dict[str, Any]]], args: argparse.Namespace) ->
                 "nodes_cpu_rest", "joined_s", "failure_cpu_per_node_s")  # fmt: skip
         med = {k: median(r.get(k) for r in runs) for k in keys}
         per_node = None if med["nodes_cpu_rest"] is None else med["nodes_cpu_rest"] / n
-        agree = fmt(med["agree_s"]) + ("" if len(ok) == len(runs) else f" ({len(runs) - len(ok)} disagreed)")
+        if any(r.get("agree_s") is None for r in runs):  # some node not through in 300 s
+            through = ", ".join(f"{r.get('through')}" for r in runs)
+            agree = f"past 300 s ({through} of {n} through)"
+        else:
+            agree = fmt(med["agree_s"]) + (
+                "" if len(ok) == len(runs) else f" ({len(runs) - len(ok)} disagreed)"
+            )
         rows.append(
             f"| {n} | {fmt(med['rest_rps'], 0)} | {fmt(med['rest_mbps'], 2)} | {fmt(med['learn_s'])} "
             f"| {fmt(med['heard_s'])} "
