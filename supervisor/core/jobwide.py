@@ -218,8 +218,18 @@ def unpack(data: object) -> list[NodeOutcome]:
     for group in data:
         if not isinstance(group, dict) or not isinstance(group.get("nodes"), list):
             raise ValueError(f"a group of outcomes without nodes: {group!r}"[:200])  # noqa: TRY004
+        # what the group's nodes share is read once: every node of a 1,024-node job reads
+        # every outcome after each failure (half the CPU it took node by node)
+        shared = NodeOutcome.from_json({**group, "node_rank": 0, "node": ""})
         for entry in group["nodes"]:
             if not isinstance(entry, list) or len(entry) != 2:
                 raise ValueError(f"a node entry is [rank, host], not {entry!r}"[:200])
-            out.append(NodeOutcome.from_json({**group, "node_rank": entry[0], "node": entry[1]}))
+            rank, host = entry
+            if not isinstance(rank, int) or isinstance(rank, bool):
+                raise ValueError(f"node_rank {rank!r} is not an integer")  # noqa: TRY004
+            out.append(
+                NodeOutcome(
+                    rank, shared.action, shared.reason, shared.detail, str(host), shared.rule, shared.peer
+                )
+            )
     return sorted(out, key=lambda o: o.node_rank)
