@@ -150,7 +150,7 @@ def test_followers_share_one_entry_and_bad_packs_are_named() -> None:
     with pytest.raises(ValueError, match=r"\[rank, host\]"):
         unpack([{"action": "restart", "nodes": [3]}])
     for rank in (True, "1", 1.0, None):  # what the group shares is read once, each node's rank each time
-        with pytest.raises(ValueError, match="node_rank .* is not an integer"):
+        with pytest.raises(ValueError, match=r"node_rank .* is not an integer"):
             unpack([{"action": "restart", "nodes": [[0, "h0"], [rank, "h1"]]}])
     with pytest.raises(ValueError, match="'action'"):  # a group's shared fields are still checked
         unpack([{"nodes": [[0, "h0"]]}])
