@@ -42,7 +42,9 @@ One run, for one ``N``:
    process's loop: hundreds of nodes share two cores here, so that one is an upper
    bound, and "a node's CPU for the failure" is what each node spends (a real node
    spends it on a CPU of its own). Each node applies ``core.jobwide.joint``: all
-   must reach the same decision (checked).
+   must reach the same decision (checked). A line under the table splits the time
+   to the decision: every node's coroutine resumed (its watch heard and its loop
+   gave it a turn), the last place claimed, the outcomes written (``decided``).
 
 Made to fit one machine, not measured: nodes waiting for the round look at torch's
 state every ``max(JOIN_POLL, N / 64)`` s, without our quickened start of a round;
@@ -194,8 +196,16 @@ def _time_news() -> dict[str, list[float]]:
     their turn; a real node does that on a CPU of its own)."""
     from supervisor.coord import rounds  # noqa: PLC0415
 
-    heard: dict[str, list[float]] = {"ended": [], "decided": []}
-    listen = rounds.listen
+    heard: dict[str, list[float]] = {"ended": [], "decided": [], "claimed": [], "gathered": []}
+    listen, claim, gather = rounds.listen, rounds.claim, rounds.gather
+
+    def timed_claim(joined: Any, n: int, outcome: Any) -> None:  # a node's place, once its requests are done
+        claim(joined, n, outcome)
+        heard["claimed"].append(time.monotonic())
+
+    def timed_gather(joined: Any, n: int) -> None:  # "decided" written: the round's outcomes published
+        gather(joined, n)
+        heard["gathered"].append(time.monotonic())
 
     def timed(joined: Any, which: int, key: str, wake: threading.Event, name: str) -> list[Exception | None]:
         got = listen(joined, which, key, wake, name)
@@ -208,7 +218,7 @@ def _time_news() -> dict[str, list[float]]:
         threading.Thread(target=note, daemon=True).start()
         return got
 
-    rounds.listen = timed
+    rounds.listen, rounds.claim, rounds.gather = timed, timed_claim, timed_gather
     return heard
 
 
@@ -347,6 +357,8 @@ async def _nodes(args: argparse.Namespace) -> dict[str, Any]:
         "through": len(agreed),  # nodes whose coroutine took the decision in (of "nodes")
         "heard_end": max(heard["ended"], default=None),
         "heard": max(heard["decided"], default=None),
+        "claimed": max(heard["claimed"], default=None),
+        "gathered": min(heard["gathered"], default=None),
         "same_decision": set(decisions) == {Action.RESTART} and len(decisions) == here,
         "keep_alive_missed": missed.count,
         "keep_alive_missed_rest": missed_at_rest,
@@ -463,6 +475,9 @@ def one_run(n: int, args: argparse.Namespace) -> dict[str, Any]:
             else max(r["agreed"] for r in results) - t_fail,
             "through": sum(r["through"] for r in results),
             "heard_s": max(r["heard"] for r in results if r["heard"] is not None) - t_fail,
+            # where the time to the decision goes: the last node's place claimed, "decided" written
+            "claimed_s": max(r["claimed"] for r in results if r["claimed"] is not None) - t_fail,
+            "gathered_s": min(r["gathered"] for r in results if r["gathered"] is not None) - t_fail,
             "same_decision": all(r["same_decision"] for r in results),
             "keep_alive_missed": sum(r["keep_alive_missed"] for r in results),
             "keep_alive_missed_rest": sum(r["keep_alive_missed_rest"] for r in results),
@@ -516,6 +531,13 @@ def table(results: dict[int, list[dict[str, Any]]], args: argparse.Namespace) ->
         )
     kinds = {n: runs[-1]["rest_kinds"] for n, runs in sorted(results.items()) if runs}
     rows.append("")
+    for n, runs in sorted(results.items()):  # the decision's time, stage by stage (medians)
+        stages = {k: median(r.get(k) for r in runs) for k in ("resumed_s", "claimed_s", "gathered_s")}
+        rows.append(
+            f"{n} nodes, after the failure: every node's coroutine resumed {fmt(stages['resumed_s'])} s, "
+            f"the last place claimed {fmt(stages['claimed_s'])} s, the outcomes written (decided) "
+            f"{fmt(stages['gathered_s'])} s"
+        )
     rows.append(f"requests/s at rest by kind (last run): {json.dumps(kinds)}")
     rows.append(f"keep_alive_interval={args.keep_alive} s, {args.rest} s at rest after {args.settle} s, "
                 f"medians of {args.runs} run(s); CPU in % of one core")  # fmt: skip
