@@ -65,9 +65,16 @@ class RendezvousJob:
     multi = True
 
     def __init__(
-        self, cfg: RdzvConfig, master_port: int | None, events: EventSink, clock: Clock = SYSTEM
+        self,
+        cfg: RdzvConfig,
+        master_port: int | None,
+        events: EventSink,
+        clock: Clock = SYSTEM,
+        *,
+        nproc: int | None = None,
     ) -> None:
         self.cfg = cfg
+        self._nproc = nproc  # the ranks this node runs; None: not checked against the others
         self._clock = clock
         self._master_port = master_port
         self._events = events
@@ -105,6 +112,7 @@ class RendezvousJob:
                 joined = rdzv.join(generation, self._master_port or free_port())
             except RendezvousEnded as exc:
                 raise self._ended(exc.kind, str(exc)) from None
+            self._same_layout(rdzv, joined)
             self._table.register()
             return joined, int(rdzv.base.add("restarts", 0))
 
@@ -131,6 +139,27 @@ class RendezvousJob:
             joined,
             used,
         )
+
+    def _same_layout(self, rdzv: TorchRendezvous, joined: Joined) -> None:
+        """Every node of a round runs as many ranks as the first: each node numbers its
+        ranks and sizes the world from its own count (torch's agents let nodes differ;
+        this daemon does not), and a node that differs would give two ranks one number,
+        and every rank a world that never fills. The first node to complete the round
+        sets the count (one request a node); a node that differs closes the job for
+        every node with an abort: no node can fix it, here or elsewhere."""
+        if self._nproc is None:
+            return
+        first = joined.store.first("nproc", str(self._nproc))
+        if first == str(self._nproc):
+            return
+        detail = (
+            f"node {joined.node_rank} ({self._table.host}) runs {self._nproc} rank(s) and another node "
+            f"of the job {first}: every node of a job must run the same number (--nproc-per-node)"
+        )
+        why = {"action": str(Action.ABORT), "host": self._table.host}
+        rdzv.base.set("closed", orjson.dumps(why).decode())
+        rdzv.close()
+        raise JobOver(Action.ABORT, Reason.LAYOUT, detail)
 
     async def count_restart(self) -> None:
         """One node per round counts a restart the job spent, for nodes that join later."""

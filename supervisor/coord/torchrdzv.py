@@ -164,6 +164,22 @@ class PatientStore:
     def check(self, keys: list[str]) -> bool:
         return bool(self._patience(lambda: self._store.check(keys), "check"))
 
+    def first(self, key: str, value: str, seconds: float = 30.0) -> str:
+        """Set ``key`` to ``value`` unless it is set already; what it holds now. One
+        request where the store has a compare-and-set (TCPStore, which sets a key that is
+        not there); else (etcd's EtcdStore) the first to count itself sets it, and the
+        others wait for it, ``seconds`` at most (then ``value``: nothing to compare with)."""
+        try:
+            got = self._patience(lambda: self._store.compare_set(key, "", value), f"first {key}")
+            return bytes(got).decode()
+        except (RuntimeError, NotImplementedError) as exc:
+            if isinstance(exc, DistStoreError) or "not implemented" not in str(exc).lower():
+                raise
+        if self.add(f"{key}/claims", 1) == 1:
+            self.set(key, value)
+            return value
+        return self.get(key).decode() if self.wait([key], seconds) else value
+
 
 def _why(exc: BaseException) -> str:
     """The error and what caused it: torch wraps the store's own error ("The connection

@@ -56,6 +56,7 @@ class Reason(StrEnum):
     RENDEZVOUS_TIMEOUT = "rendezvous_timeout"  # too few nodes came back within the join timeout
     RENDEZVOUS_LOST = "rendezvous_lost"  # the rendezvous store cannot be reached
     SPAWN_FAILED = "spawn_failed"  # this node could not start a generation's ranks (a full disk...)
+    LAYOUT = "layout"  # the nodes of a job run different numbers of ranks (--nproc-per-node)
     NODE_QUARANTINED = "node_quarantined"  # too many hardware-looking failures here (--node-quarantine)
     STRAGGLER = "straggler"  # a rank of this node kept working slower than its peers (--straggler-action)
 

@@ -412,3 +412,68 @@ def test_a_keep_alive_may_take_half_its_interval(
     conf = {"is_host": "0", **given}
     node = made(RdzvConfig("c10d", endpoint, f"hb{seconds}", 1, 1, local_addr="127.0.0.1", conf=conf))
     assert node._handler.settings.timeout.heartbeat.total_seconds() == seconds
+
+
+def test_a_node_running_another_number_of_ranks_closes_the_job_with_an_abort(endpoint: str) -> None:
+    """Each node numbers its ranks from its own --nproc-per-node: two that differ would give
+    two ranks one number. The node that finds it different ends the job for every node."""
+    from supervisor.coord.job import JobOver, RendezvousJob  # noqa: PLC0415
+    from supervisor.core.jobwide import PeerNews  # noqa: PLC0415
+    from supervisor.core.types import Action, Reason  # noqa: PLC0415
+
+    class Sink:
+        def emit(self, event: Event, level: int | None = None) -> None:
+            pass
+
+    async def both() -> tuple[list[Any], Any]:
+        jobs = [RendezvousJob(config(endpoint, "r9"), None, Sink(), nproc=n) for n in (1, 2)]
+        await asyncio.gather(*(j.start() for j in jobs))
+        got = await asyncio.wait_for(asyncio.gather(*(j.join(0) for j in jobs), return_exceptions=True), 60)
+        (node, job_gen), *_ = [(j, g) for j, g in zip(jobs, got, strict=True) if not isinstance(g, Exception)]
+        # the other node's ranks would be running: it hears that the job is closed, and why
+        news = await asyncio.wait_for(node.watch(job_gen), 30)
+        why = node._closed_reason()
+        for j in jobs:  # their keep-alives stop before the store goes with the test
+            await j.finish(None, Action.ABORT, job_over=False)
+        return got, (news, why)
+
+    got, (news, why) = asyncio.run(both())
+    over = [g for g in got if isinstance(g, JobOver)]
+    assert len(over) == 1, got  # the first node to complete the round set the count
+    assert (over[0].action, over[0].reason) == (Action.ABORT, Reason.LAYOUT)
+    assert "runs 2 rank(s) and another node of the job 1" in over[0].detail or (
+        "runs 1 rank(s) and another node of the job 2" in over[0].detail
+    ), over[0].detail
+    assert news[0] is PeerNews.CLOSED and why is Action.ABORT
+
+
+def test_the_first_count_is_kept_with_or_without_the_stores_compare_and_set(endpoint: str) -> None:
+    """TCPStore sets a missing key by compare-and-set; etcd's EtcdStore, a Store written
+    in Python, has none ("Not implemented"), and the first to count itself sets it."""
+    from torch.distributed import HashStore, Store, TCPStore  # noqa: PLC0415
+
+    class WithoutCompareSet(Store):  # type: ignore[misc] # as EtcdStore: torch's Store in Python
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = HashStore()
+
+        def set(self, key: str, value: str) -> None:
+            self.inner.set(key, value)
+
+        def get(self, key: str) -> bytes:
+            return bytes(self.inner.get(key))
+
+        def add(self, key: str, value: int) -> int:
+            return int(self.inner.add(key, value))
+
+        def wait(self, keys: list[str], timeout: Any = None) -> None:
+            self.inner.wait(keys, timeout)
+
+    host, port = endpoint.rsplit(":", 1)
+    tcp = TCPStore(host, int(port), is_master=False, wait_for_workers=False)
+    without = WithoutCompareSet()
+    with pytest.raises(RuntimeError, match="Not implemented"):
+        without.compare_set("k", "", "1")
+    for raw in (tcp, without):
+        store = torchrdzv.PatientStore(raw, torchrdzv.Patience(0.0))
+        assert [store.first("nproc", n) for n in ("2", "4", "2")] == ["2", "2", "2"], raw

@@ -124,6 +124,26 @@ def test_ranks_get_torchruns_environment_and_an_abort_on_one_node_stops_every_no
     assert len({e["MASTER_PORT"] for e in b.values()}) == 1
 
 
+def test_nodes_that_run_different_numbers_of_ranks_end_the_job_with_exit_2_saying_so(
+    start: Start, endpoint: str, tmp_path: Path
+) -> None:
+    # Each node numbers its ranks from its own --nproc-per-node: a node of 1 and a node
+    # of 2 would give two ranks one number and every rank a world that never fills. The
+    # node that finds itself different (whichever completes the round second) closes
+    # the job: both leave at once with the abort code, and it names the cause.
+    one = node(endpoint)
+    two = [*one]
+    two[two.index("--nproc-per-node") + 1] = "2"
+    ranks = steps("--until", str(tmp_path / "never"))
+    daemons = [start(*one, *ranks), start(*two, *ranks)]
+    assert [d.wait(90) for d in daemons] == [2, 2], daemons[0].stderr() + daemons[1].stderr()
+    reasons = [json.loads((d.run_dir() / "reason.json").read_text()) for d in daemons]  # type: ignore[operator]
+    found = [r["decision"] for r in reasons if r["decision"]["reason"] == "layout"]
+    assert len(found) == 1, reasons
+    assert "every node of a job must run the same number (--nproc-per-node)" in found[0]["detail"], found
+    assert all(r["outcome"] == "abort" for r in reasons), reasons
+
+
 def test_status_lists_every_node_a_killed_daemon_is_noticed_and_a_replacement_joins(
     start: Start, endpoint: str, tmp_path: Path
 ) -> None:

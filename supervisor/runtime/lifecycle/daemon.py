@@ -93,7 +93,8 @@ class Supervisor:
         self.plugins, self.node = deciding.plugins(cfg, events), deciding.NODE
         self.learned = LearnedFile(cfg.state_dir, cfg.run_id, events)
         self.job = job or (LocalJob(cfg.master_addr, cfg.master_port) if cfg.rdzv is None
-                           else RendezvousJob(cfg.rdzv, cfg.master_port, events))  # fmt: skip
+                           else RendezvousJob(cfg.rdzv, cfg.master_port, events,
+                                              nproc=cfg.topology.nproc_per_node))  # fmt: skip
         self.running = Running(cfg, clock=clock, events=events, follower=self._follower, job=self.job)
         self.stragglers = Stragglers(
             cfg.stragglers, events, clock, generation=lambda: self.monitor.generation,
