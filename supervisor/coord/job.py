@@ -145,8 +145,10 @@ class RendezvousJob:
         ranks and sizes the world from its own count (torch's agents let nodes differ;
         this daemon does not), and a node that differs would give two ranks one number,
         and every rank a world that never fills. The first node to complete the round
-        sets the count (one request a node); a node that differs closes the job for
-        every node with an abort: no node can fix it, here or elsewhere."""
+        sets the count (one request a node). A node that differs ends the job on every
+        node with an abort (no node can fix it, here or elsewhere): it tells the round,
+        publishes the abort as its outcome, closes the rendezvous and, as it may host
+        the store, waits for the others to be done with it."""
         if self._nproc is None:
             return
         first = joined.store.first("nproc", str(self._nproc))
@@ -156,9 +158,16 @@ class RendezvousJob:
             f"node {joined.node_rank} ({self._table.host}) runs {self._nproc} rank(s) and another node "
             f"of the job {first}: every node of a job must run the same number (--nproc-per-node)"
         )
+        # the round hears it at once (the static backend has no state to see closed), and
+        # its agreement has this node's word: every node's joint decision is the abort
+        rnd.claim(joined, joined.nnodes, NodeOutcome(joined.node_rank, Action.ABORT, Reason.LAYOUT, detail))
+        rnd.tell(joined, PeerNews.ENDED, detail)
         why = {"action": str(Action.ABORT), "host": self._table.host}
         rdzv.base.set("closed", orjson.dumps(why).decode())
         rdzv.close()
+        # this node may host the store (c10d's is_host, static's node 0): the others stop
+        # their ranks and decide before they are done with it, as at any job's end
+        rnd.barrier(joined, joined.nnodes, max(EXIT_BARRIER, self.cfg.seconds("close_timeout")))
         raise JobOver(Action.ABORT, Reason.LAYOUT, detail)
 
     async def count_restart(self) -> None:

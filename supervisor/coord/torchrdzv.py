@@ -318,8 +318,11 @@ class TorchRendezvous:
                 if self._base is None:
                     self._base = PatientStore(PrefixStore(OUR_PREFIX, info.store), self.patience)
                 number, members, me = generation, dict.fromkeys(range(nnodes), ""), ""
-                prefix = f"{OUR_PREFIX}/g{generation}"
-                store = PrefixStore(prefix, info.store)
+                store = PrefixStore(f"{OUR_PREFIX}/g{generation}", info.store)
+                # torch's static store is prefixed by the run id (static_tcp_rendezvous), and
+                # a listener's connection is a bare TCPStore: without it, no node ever heard
+                # a round's news or decision, and every generation's end waited forever
+                prefix = f"{self.cfg.run_id}/{OUR_PREFIX}/g{generation}"
             else:
                 number, ranks, me = self._handler.members()  # of the state that made this round
                 members = {rank: who for who, rank in ranks.items()}

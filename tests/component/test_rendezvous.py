@@ -103,6 +103,20 @@ def test_two_nodes_agree_on_the_round_and_the_master(endpoint: str, made: Make) 
     assert b.snapshot().closed
 
 
+def test_on_the_static_backend_a_nodes_listeners_hear_what_the_round_wrote(made: Make) -> None:
+    """torch's static store is prefixed by the run id; a listener's own connection must read
+    under the same prefix, or no node ever hears a round's news or its decision."""
+    port = free_port()
+    nodes = [made(RdzvConfig("static", f"127.0.0.1:{port}", "s1", 2, 2, node_rank=k)) for k in (0, 1)]
+    ja, jb = join_both(*nodes, 0)
+    assert (ja.node_rank, jb.node_rank) == (0, 1)
+    ja.store.set("decided", "[]")
+    for joined in (ja, jb):
+        for which in (0, 1):
+            assert joined.listeners.get(which).wait(["decided"], 5), (joined.node_rank, which)
+            assert not joined.listeners.get(which).wait(["never"], 0.1)
+
+
 def test_a_node_that_joins_later_takes_the_place_of_one_that_left(
     endpoint: str, made: Make
 ) -> None:
@@ -418,33 +432,40 @@ def test_a_node_running_another_number_of_ranks_closes_the_job_with_an_abort(end
     """Each node numbers its ranks from its own --nproc-per-node: two that differ would give
     two ranks one number. The node that finds it different ends the job for every node."""
     from supervisor.coord.job import JobOver, RendezvousJob  # noqa: PLC0415
-    from supervisor.core.jobwide import PeerNews  # noqa: PLC0415
+    from supervisor.core.jobwide import NodeOutcome, PeerNews  # noqa: PLC0415
     from supervisor.core.types import Action, Reason  # noqa: PLC0415
 
     class Sink:
         def emit(self, event: Event, level: int | None = None) -> None:
             pass
 
-    async def both() -> tuple[list[Any], Any]:
+    async def both() -> tuple[Any, Any, list[Any], BaseException | None]:
         jobs = [RendezvousJob(config(endpoint, "r9"), None, Sink(), nproc=n) for n in (1, 2)]
         await asyncio.gather(*(j.start() for j in jobs))
-        got = await asyncio.wait_for(asyncio.gather(*(j.join(0) for j in jobs), return_exceptions=True), 60)
-        (node, job_gen), *_ = [(j, g) for j, g in zip(jobs, got, strict=True) if not isinstance(g, Exception)]
-        # the other node's ranks would be running: it hears that the job is closed, and why
+        joins = [asyncio.ensure_future(j.join(0)) for j in jobs]
+        # the node that set the count completes its join; the other waits, as the host of
+        # the store may, for the others to be done with it
+        done, _ = await asyncio.wait(joins, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        k = joins.index(done.pop())
+        node, job_gen = jobs[k], joins[k].result()
+        # its ranks would be running: it hears that the job ends, and why
         news = await asyncio.wait_for(node.watch(job_gen), 30)
         why = node._closed_reason()
-        for j in jobs:  # their keep-alives stop before the store goes with the test
-            await j.finish(None, Action.ABORT, job_over=False)
-        return got, (news, why)
+        own = NodeOutcome(job_gen.node_rank, Action.RESTART, Reason.PEER_FAILED, news[1])
+        outcomes = await asyncio.wait_for(node.agree(job_gen, own), 30)
+        await node.finish(job_gen, Action.ABORT, job_over=True, live=2)  # as the daemon does
+        other = await asyncio.wait_for(asyncio.gather(joins[1 - k], return_exceptions=True), 30)
+        return news, why, outcomes, other[0]
 
-    got, (news, why) = asyncio.run(both())
-    over = [g for g in got if isinstance(g, JobOver)]
-    assert len(over) == 1, got  # the first node to complete the round set the count
-    assert (over[0].action, over[0].reason) == (Action.ABORT, Reason.LAYOUT)
-    assert "runs 2 rank(s) and another node of the job 1" in over[0].detail or (
-        "runs 1 rank(s) and another node of the job 2" in over[0].detail
-    ), over[0].detail
-    assert news[0] is PeerNews.CLOSED and why is Action.ABORT
+    news, why, outcomes, over = asyncio.run(both())
+    assert isinstance(over, JobOver), over  # the node that differs: the abort, saying why
+    assert (over.action, over.reason) == (Action.ABORT, Reason.LAYOUT)
+    assert "rank(s) and another node of the job" in over.detail and "--nproc-per-node" in over.detail
+    # the other heard it at once (or saw the rendezvous closed at a look just before), and
+    # the agreement holds the abort: every node's joint decision is to abort
+    assert news[0] in (PeerNews.ENDED, PeerNews.CLOSED) and why is Action.ABORT, news
+    layout = [(o.action, o.reason) for o in outcomes if o.reason is Reason.LAYOUT]
+    assert layout == [(Action.ABORT, Reason.LAYOUT)], outcomes
 
 
 def test_the_first_count_is_kept_with_or_without_the_stores_compare_and_set(endpoint: str) -> None:

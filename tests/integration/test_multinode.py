@@ -124,15 +124,21 @@ def test_ranks_get_torchruns_environment_and_an_abort_on_one_node_stops_every_no
     assert len({e["MASTER_PORT"] for e in b.values()}) == 1
 
 
+@pytest.mark.parametrize("backend", ["c10d", "static"])
 def test_nodes_that_run_different_numbers_of_ranks_end_the_job_with_exit_2_saying_so(
-    start: Start, endpoint: str, tmp_path: Path
+    start: Start, endpoint: str, tmp_path: Path, backend: str
 ) -> None:
     # Each node numbers its ranks from its own --nproc-per-node: a node of 1 and a node
     # of 2 would give two ranks one number and every rank a world that never fills. The
-    # node that finds itself different (whichever completes the round second) closes
-    # the job: both leave at once with the abort code, and it names the cause.
-    one = node(endpoint)
-    two = [*one]
+    # node that finds itself different (whichever completes the round second) ends the
+    # job: both leave at once with the abort code, and it names the cause.
+    if backend == "static":
+        one = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "static", "--master-addr",
+               "127.0.0.1", "--master-port", str(free_port()), *PRELOAD_NONE]  # fmt: skip
+        ranked = [[*one, "--node-rank", str(k)] for k in (0, 1)]
+    else:
+        ranked = [node(endpoint)] * 2
+    one, two = ranked[0], [*ranked[1]]
     two[two.index("--nproc-per-node") + 1] = "2"
     ranks = steps("--until", str(tmp_path / "never"))
     daemons = [start(*one, *ranks), start(*two, *ranks)]
@@ -142,6 +148,22 @@ def test_nodes_that_run_different_numbers_of_ranks_end_the_job_with_exit_2_sayin
     assert len(found) == 1, reasons
     assert "every node of a job must run the same number (--nproc-per-node)" in found[0]["detail"], found
     assert all(r["outcome"] == "abort" for r in reasons), reasons
+
+
+def test_on_the_static_backend_a_crash_restarts_both_nodes_and_the_job_ends_with_exit_0(
+    start: Start, tmp_path: Path
+) -> None:
+    # SLURM-style fixed node ranks, no rendezvous server: node 0 hosts the store. Until
+    # 2026-11-28 no node heard a round's decision there, and every generation's end waited
+    # forever (the listeners read under another prefix than the round wrote).
+    port = str(free_port())
+    common = ("--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "static", "--master-addr",
+              "127.0.0.1", "--master-port", port, "--max-restarts", "1", *PRELOAD_NONE)  # fmt: skip
+    ranks = steps("--steps", "30", "--crash-at-step", "10", "--crash-rank", "1")
+    daemons = [start(*common, "--node-rank", str(k), *ranks) for k in (0, 1)]
+    assert [d.wait(90) for d in daemons] == [0, 0], daemons[0].stderr() + daemons[1].stderr()
+    for d in daemons:
+        assert [e["action"] for e in d.events("job_decision")] == ["restart", "continue"], d.story()
 
 
 def test_status_lists_every_node_a_killed_daemon_is_noticed_and_a_replacement_joins(
