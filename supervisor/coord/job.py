@@ -141,14 +141,11 @@ class RendezvousJob:
         )
 
     def _same_layout(self, rdzv: TorchRendezvous, joined: Joined) -> None:
-        """Every node of a round runs as many ranks as the first: each node numbers its
-        ranks and sizes the world from its own count (torch's agents let nodes differ;
-        this daemon does not), and a node that differs would give two ranks one number,
-        and every rank a world that never fills. The first node to complete the round
-        sets the count (one request a node). A node that differs ends the job on every
-        node with an abort (no node can fix it, here or elsewhere): it tells the round,
-        publishes the abort as its outcome, closes the rendezvous and, as it may host
-        the store, waits for the others to be done with it."""
+        """Every node of a round runs as many ranks as the first: each numbers its ranks
+        and sizes the world from its own count (torch's agents let nodes differ; we do
+        not), so one that differs would give two ranks one number and a world that never
+        fills. The first node to complete the round sets the count (one request a node);
+        one that differs ends the job on every node with an abort (no node can fix it)."""
         if self._nproc is None:
             return
         first = joined.store.first("nproc", str(self._nproc))
@@ -162,13 +159,28 @@ class RendezvousJob:
         # its agreement has this node's word: every node's joint decision is the abort
         rnd.claim(joined, joined.nnodes, NodeOutcome(joined.node_rank, Action.ABORT, Reason.LAYOUT, detail))
         rnd.tell(joined, PeerNews.ENDED, detail)
-        why = {"action": str(Action.ABORT), "host": self._table.host}
+        # the others stop their ranks and decide before they are done with the store
+        self._close(
+            rdzv, Action.ABORT, joined, joined.nnodes, max(EXIT_BARRIER, self.cfg.seconds("close_timeout"))
+        )
+        raise JobOver(Action.ABORT, Reason.LAYOUT, detail)
+
+    def _close(
+        self, rdzv: TorchRendezvous, action: Action, joined: Joined | None, live: int, wait: float
+    ) -> None:
+        """End the job for every node (blocking): why, for nodes that join later; the
+        rendezvous closed, spares let go; then, as one of us may host the store, ``live``
+        nodes wait for each other, ``wait`` s at most."""
+        why = {"action": str(action), "host": self._table.host}
         rdzv.base.set("closed", orjson.dumps(why).decode())
         rdzv.close()
-        # this node may host the store (c10d's is_host, static's node 0): the others stop
-        # their ranks and decide before they are done with it, as at any job's end
-        rnd.barrier(joined, joined.nnodes, max(EXIT_BARRIER, self.cfg.seconds("close_timeout")))
-        raise JobOver(Action.ABORT, Reason.LAYOUT, detail)
+        snap = rdzv.snapshot()
+        if snap is not None and (snap.spares or snap.waiting):
+            # they look at the state once a second; let them see it closed
+            # before the store (hosted by one of us) goes away
+            self._clock.pause(SPARES_NOTICE)
+        if joined is not None:
+            rnd.barrier(joined, live, wait)
 
     async def count_restart(self) -> None:
         """One node per round counts a restart the job spent, for nodes that join later."""
@@ -355,16 +367,8 @@ class RendezvousJob:
             if not job_over:
                 rdzv.leave()
                 return
-            why = {"action": str(action), "host": self._table.host}
-            rdzv.base.set("closed", orjson.dumps(why).decode())
-            rdzv.close()
-            snap = rdzv.snapshot()
-            if snap is not None and (snap.spares or snap.waiting):
-                # they look at the state once a second; let them see it closed
-                # before the store (hosted by one of us) goes away
-                self._clock.pause(SPARES_NOTICE)
-            if job_gen is not None and job_gen.joined is not None:
-                rnd.barrier(job_gen.joined, live, EXIT_BARRIER)
+            joined = job_gen.joined if job_gen is not None else None
+            self._close(rdzv, action, joined, live, EXIT_BARRIER)
 
         try:
             await in_thread(finish, "rdzv-finish")

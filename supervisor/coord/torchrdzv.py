@@ -148,7 +148,7 @@ class PatientStore:
         try:
             return [bytes(v) for v in self._patience(lambda: self._store.multi_get(keys), "multi_get")]
         except (RuntimeError, NotImplementedError) as exc:
-            if isinstance(exc, DistStoreError) or "not implemented" not in str(exc).lower():
+            if not _unimplemented(exc):
                 raise
         return [self.get(k) for k in keys]
 
@@ -165,20 +165,24 @@ class PatientStore:
         return bool(self._patience(lambda: self._store.check(keys), "check"))
 
     def first(self, key: str, value: str, seconds: float = 30.0) -> str:
-        """Set ``key`` to ``value`` unless it is set already; what it holds now. One
-        request where the store has a compare-and-set (TCPStore, which sets a key that is
-        not there); else (etcd's EtcdStore) the first to count itself sets it, and the
-        others wait for it, ``seconds`` at most (then ``value``: nothing to compare with)."""
+        """Set ``key`` to ``value`` unless it is set; what it holds now. One compare-and-set
+        (TCPStore's sets a missing key); without one (EtcdStore) the first to count itself
+        sets it, the others wait ``seconds`` at most (then ``value``: nothing to compare)."""
         try:
             got = self._patience(lambda: self._store.compare_set(key, "", value), f"first {key}")
             return bytes(got).decode()
         except (RuntimeError, NotImplementedError) as exc:
-            if isinstance(exc, DistStoreError) or "not implemented" not in str(exc).lower():
+            if not _unimplemented(exc):
                 raise
         if self.add(f"{key}/claims", 1) == 1:
             self.set(key, value)
             return value
         return self.get(key).decode() if self.wait([key], seconds) else value
+
+
+def _unimplemented(exc: BaseException) -> bool:
+    """A store in Python (etcd's EtcdStore) lacks the operation (torch: "Not implemented")."""
+    return not isinstance(exc, DistStoreError) and "not implemented" in str(exc).lower()
 
 
 def _why(exc: BaseException) -> str:
@@ -319,9 +323,8 @@ class TorchRendezvous:
                     self._base = PatientStore(PrefixStore(OUR_PREFIX, info.store), self.patience)
                 number, members, me = generation, dict.fromkeys(range(nnodes), ""), ""
                 store = PrefixStore(f"{OUR_PREFIX}/g{generation}", info.store)
-                # torch's static store is prefixed by the run id (static_tcp_rendezvous), and
-                # a listener's connection is a bare TCPStore: without it, no node ever heard
-                # a round's news or decision, and every generation's end waited forever
+                # a listener's bare TCPStore needs torch's static prefix (the run id) too, or
+                # no node hears a round's news or decision: every generation's end hangs
                 prefix = f"{self.cfg.run_id}/{OUR_PREFIX}/g{generation}"
             else:
                 number, ranks, me = self._handler.members()  # of the state that made this round
